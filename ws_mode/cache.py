@@ -1,0 +1,171 @@
+"""Cached responses and the per-connection LRU that holds them.
+
+A cached response is a node: its own input items, its output items, the response object and a
+reference to its parent. The whole context of a response is the walk from the root, so a chain
+of n turns holds O(n) items. Each node also keeps its items already encoded as JSON fragments,
+so building a full-context request body is a join, never a re-serialization.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+__all__ = ["CachedResponse", "ResponseCache", "encode_items"]
+
+logger = logging.getLogger(__name__)
+
+# What a node costs beyond its encoded items: the objects, the response's other fields.
+_NODE_OVERHEAD = 512
+
+
+def encode_items(items: list[dict[str, Any]]) -> bytes:
+    """Encode items as a JSON array's contents, without the brackets: `{..},{..}`."""
+    return b",".join(map(orjson.dumps, items))
+
+
+class CachedResponse:
+    """A finished response of this connection, and what it takes to continue from it.
+
+    `input_items` are the items its own request added, `output_items` what it produced,
+    `response` the terminal response object, `artifacts` what the handler stored for the
+    next turn (rendered tokens, a tool namespace, ...), `parent` the response it continued.
+    """
+
+    __slots__ = (
+        "artifacts",
+        "depth",
+        "id",
+        "input_fragment",
+        "input_items",
+        "output_fragment",
+        "output_items",
+        "parent",
+        "response",
+        "size",
+        "stream_id",
+        "tools_digest",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        response: dict[str, Any],
+        input_items: list[dict[str, Any]],
+        output_items: list[dict[str, Any]],
+        parent: CachedResponse | None,
+        stream_id: str | None = None,
+        tools_digest: bytes | None = None,
+        artifacts: dict[str, Any] | None = None,
+        input_fragment: bytes | None = None,
+    ) -> None:
+        self.id = id
+        self.response = response
+        self.input_items = input_items
+        self.output_items = output_items
+        self.parent = parent
+        self.stream_id = stream_id
+        self.tools_digest = tools_digest
+        self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}
+        self.input_fragment = (
+            input_fragment if input_fragment is not None else encode_items(input_items)
+        )
+        self.output_fragment = encode_items(output_items)
+        self.depth: int = parent.depth + 1 if parent is not None else 1
+        self.size = len(self.input_fragment) + len(self.output_fragment) + _NODE_OVERHEAD
+
+    def __repr__(self) -> str:
+        return f"<CachedResponse {self.id} depth={self.depth}>"
+
+    def chain(self) -> list[CachedResponse]:
+        """The nodes from the root of the conversation down to this one."""
+        nodes: list[CachedResponse] = []
+        node: CachedResponse | None = self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes
+
+    def context_items(self) -> Iterator[dict[str, Any]]:
+        """Every item of the context a continuation of this response builds on."""
+        for node in self.chain():
+            yield from node.input_items
+            yield from node.output_items
+
+    def context_fragments(self) -> list[bytes]:
+        """The same items as `context_items`, as non-empty encoded fragments."""
+        fragments: list[bytes] = []
+        for node in self.chain():
+            if node.input_fragment:
+                fragments.append(node.input_fragment)
+            if node.output_fragment:
+                fragments.append(node.output_fragment)
+        return fragments
+
+
+class ResponseCache:
+    """One connection's responses, least recently used first out, bounded by count and bytes.
+
+    An evicted node stays reachable from the live children that continue it, so their context
+    stays whole; only its id stops resolving.
+    """
+
+    def __init__(self, *, max_entries: int, max_bytes: int) -> None:
+        self._entries: LRUCache[str, CachedResponse] = LRUCache(
+            maxsize=max_bytes, getsizeof=_size_of
+        )
+        self._max_entries = max_entries
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._entries
+
+    @property
+    def bytes(self) -> int:
+        """The bytes the cached nodes account for."""
+        return int(self._entries.currsize)
+
+    def get(self, response_id: str) -> CachedResponse | None:
+        """The node for `response_id`, marked as just used, or None."""
+        return self._entries.get(response_id)
+
+    def put(self, node: CachedResponse) -> bool:
+        """Cache `node`, evicting the least recently used nodes to stay within bounds."""
+        if node.size > self._entries.maxsize:
+            logger.warning(
+                "response %s (%d bytes) is larger than max_cached_bytes; not cached",
+                node.id,
+                node.size,
+            )
+            return False
+        before = len(self._entries)
+        replaced = node.id in self._entries
+        self._entries[node.id] = node
+        # LRUCache evicts by bytes on insert; count those and then bound by entries.
+        self.evictions += max(0, before + (0 if replaced else 1) - len(self._entries))
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem()
+            self.evictions += 1
+        return True
+
+    def evict(self, response_id: str) -> None:
+        """Forget `response_id` (a failed continuation drops its parent)."""
+        if self._entries.pop(response_id, None) is not None:
+            self.evictions += 1
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._entries.clear()
+
+
+def _size_of(node: CachedResponse) -> int:
+    return node.size

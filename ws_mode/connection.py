@@ -1,0 +1,379 @@
+"""One WebSocket mode socket: its receive loop, lanes, in-flight budget, lifetime and cache.
+
+The receive loop parses each frame into a client event; a bad frame gets an error event and
+the loop goes on. Creates go to their lane: first in, first out per `stream_id`, lanes
+concurrent, at most `max_in_flight` turns running, the rest queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from .cache import CachedResponse, ResponseCache, encode_items
+from .dispatch import ClientGone, HandlerCall, handler_headers, http_scope
+from .protocol import (
+    STEER_MESSAGES,
+    CreateEvent,
+    ProtocolError,
+    SteerEvent,
+    encode_event,
+    error_event,
+    parse_client_event,
+    server_error,
+    steer_failed_event,
+    steer_input_problem,
+)
+from .stream import ResponseStream
+from .turn import Turn, build_body, tools_digest
+
+if TYPE_CHECKING:
+    from .middleware import Settings
+
+__all__ = ["Connection"]
+
+logger = logging.getLogger(__name__)
+
+# Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
+GOING_AWAY = 1001
+
+
+@dataclass(eq=False)
+class _Lane:
+    stream_id: str | None
+    queue: deque[CreateEvent] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class Connection:
+    """Serves one accepted socket until the client leaves or a limit ends it."""
+
+    def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.cache = ResponseCache(
+            max_entries=self.limits.max_cached_responses,
+            max_bytes=self.limits.max_cached_bytes,
+        )
+        self._lanes: dict[str | None, _Lane] = {}
+        self._named_lanes: set[str] = set()
+        self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
+        self._streams: set[ResponseStream] = set()
+        self._send_lock = asyncio.Lock()
+        self._closed = False
+        self._headers = handler_headers(scope)
+        self._handler_path = scope.get("root_path", "") + settings.handler_path
+
+    # The socket.
+
+    async def run(self) -> None:
+        """Accept the socket and serve it; return when it is closed."""
+        await self._send({"type": "websocket.accept"})
+        deadline = asyncio.get_running_loop().time() + self.limits.max_connection_seconds
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await self._receive()
+                except TimeoutError:
+                    await self._end_of_life()
+                    return
+                kind = message["type"]
+                if kind == "websocket.receive":
+                    await self._on_frame(message)
+                elif kind == "websocket.disconnect":
+                    return
+        except ClientGone:
+            return
+        finally:
+            self._closed = True
+            await self._stop_lanes()
+            self.cache.clear()
+
+    async def _end_of_life(self) -> None:
+        minutes = self.limits.max_connection_seconds / 60
+        with contextlib.suppress(ClientGone):
+            await self.send_event(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "websocket_connection_limit_reached",
+                    f"Responses websocket connection limit reached ({minutes:g} minutes). "
+                    "Create a new websocket connection to continue.",
+                )
+            )
+        await self._stop_lanes()
+        await self._close(GOING_AWAY, "connection lifetime limit reached")
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+    async def send_text(self, text: str) -> None:
+        """Send one frame; raise `ClientGone` when the client has left."""
+        if self._closed:
+            raise ClientGone("the WebSocket is closed")
+        async with self._send_lock:
+            try:
+                await self._send({"type": "websocket.send", "text": text})
+            except Exception as exc:  # servers raise OSError or their own errors here
+                self._closed = True
+                raise ClientGone("the WebSocket client went away") from exc
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """Encode and send one server event."""
+        await self.send_text(encode_event(event))
+
+    # Frames.
+
+    async def _on_frame(self, message: Message) -> None:
+        text = message.get("text")
+        if text is None:
+            await self.send_event(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "unsupported_frame",
+                    "Binary frames are not supported; send each event as JSON in a text frame.",
+                )
+            )
+            return
+        if self._too_large(text):
+            await self.send_event(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "message_too_large",
+                    f"The message is larger than the server's limit of "
+                    f"{self.limits.max_message_bytes} bytes (Limits.max_message_bytes).",
+                )
+            )
+            return
+        try:
+            event = parse_client_event(text)
+            if isinstance(event, SteerEvent):
+                await self._on_steer(event)
+            else:
+                self._submit(event)
+        except ProtocolError as exc:
+            await self.send_event(exc.event())
+
+    def _too_large(self, text: str) -> bool:
+        limit = self.limits.max_message_bytes
+        # Characters never outnumber bytes, and UTF-8 never takes more than 4 per character.
+        if len(text) > limit:
+            return True
+        return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+
+    async def _on_steer(self, steer: SteerEvent) -> None:
+        target = steer.previous_response_id
+        problem = steer_input_problem(steer.input)
+        if problem is not None:
+            code, message = "invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem)
+        elif target not in self.cache and not any(
+            stream.response_id == target for stream in self._streams
+        ):
+            code, message = (
+                "response_not_found",
+                STEER_MESSAGES["response_not_found"].format(id=target),
+            )
+        else:
+            code, message = "steering_not_supported", STEER_MESSAGES["steering_not_supported"]
+        await self.send_event(steer_failed_event(code, target, steer.input, message))
+
+    # Lanes.
+
+    def _submit(self, create: CreateEvent) -> None:
+        lane = self._lanes.get(create.stream_id)
+        if lane is None:
+            if create.stream_id is not None:
+                if (
+                    create.stream_id not in self._named_lanes
+                    and len(self._named_lanes) >= self.limits.max_streams
+                ):
+                    raise ProtocolError(
+                        f"This connection already uses {self.limits.max_streams} stream_ids, "
+                        "the most it may.",
+                        code="websocket_stream_limit_reached",
+                        param="stream_id",
+                        stream_id=create.stream_id,
+                    )
+                self._named_lanes.add(create.stream_id)
+            lane = self._lanes[create.stream_id] = _Lane(create.stream_id)
+        lane.queue.append(create)
+        if lane.task is None:
+            lane.task = asyncio.create_task(self._drain(lane))
+
+    async def _drain(self, lane: _Lane) -> None:
+        try:
+            while lane.queue:
+                create = lane.queue.popleft()
+                async with self._in_flight:
+                    await self._run_turn(create)
+        except ClientGone:
+            pass
+        finally:
+            lane.task = None
+            if not lane.queue and self._lanes.get(lane.stream_id) is lane:
+                del self._lanes[lane.stream_id]
+
+    async def _stop_lanes(self) -> None:
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        for lane in self._lanes.values():
+            lane.queue.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._lanes.clear()
+
+    # A turn.
+
+    async def _run_turn(self, create: CreateEvent) -> None:
+        previous: CachedResponse | None = None
+        if create.previous_response_id is not None:
+            previous = self.cache.get(create.previous_response_id)
+            if previous is None:
+                await self.send_event(_not_found(create))
+                return
+        digest = tools_digest(create.tools)
+        new_fragment = encode_items(create.new_input)
+        if not create.generate:
+            await self._warm_up(create, previous, digest, new_fragment)
+            return
+        full_context = previous is None or self.settings.full_context == "always"
+        current = Turn(
+            previous=previous,
+            new_input=create.new_input,
+            stream_id=create.stream_id,
+            tools_digest=digest,
+            full_context=full_context,
+        )
+
+        def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
+            self.cache.put(
+                CachedResponse(
+                    id=response["id"],
+                    response=response,
+                    input_items=create.new_input,
+                    output_items=output,
+                    parent=previous,
+                    stream_id=create.stream_id,
+                    tools_digest=digest,
+                    artifacts=current.artifacts,
+                    input_fragment=new_fragment,
+                )
+            )
+
+        def failed() -> None:
+            # A failed continuation on the parent's own lane drops the parent (PROTOCOL.md §4).
+            if previous is not None and previous.stream_id == create.stream_id:
+                self.cache.evict(previous.id)
+
+        stream = ResponseStream(
+            send_text=self.send_text,
+            stream_id=create.stream_id,
+            previous_response_id=create.previous_response_id,
+            on_finished=finished,
+            on_failed=failed,
+        )
+        body = build_body(create, previous, full_context=full_context, new_fragment=new_fragment)
+        scope = http_scope(
+            self.scope,
+            path=self._handler_path,
+            headers=self._headers,
+            body_length=len(body),
+            extension=current,
+        )
+        self._streams.add(stream)
+        try:
+            await HandlerCall(self.settings.app, scope, body, stream).run()
+        except ClientGone:
+            raise
+        except Exception:
+            # ws_mode's own fault; the lane and the connection go on.
+            logger.exception("WebSocket mode turn failed")
+            if not stream.finished:
+                stream.finished = True
+                failed()
+                await self.send_event(
+                    server_error(
+                        "The server failed to run this request.", stream_id=create.stream_id
+                    )
+                )
+        finally:
+            self._streams.discard(stream)
+
+    async def _warm_up(
+        self,
+        create: CreateEvent,
+        previous: CachedResponse | None,
+        digest: bytes | None,
+        new_fragment: bytes,
+    ) -> None:
+        """`generate: false`: prepare the request's state and answer with an empty response."""
+        fields = create.fields
+        response: dict[str, Any] = {
+            "id": "resp_" + secrets.token_hex(16),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": fields.get("model"),
+            "output": [],
+            "previous_response_id": create.previous_response_id,
+            "instructions": fields.get("instructions"),
+            "tools": fields.get("tools") or [],
+            "tool_choice": fields.get("tool_choice", "auto"),
+            "parallel_tool_calls": fields.get("parallel_tool_calls", True),
+            "store": fields.get("store", False),
+            "metadata": fields.get("metadata") or {},
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        self.cache.put(
+            CachedResponse(
+                id=response["id"],
+                response=response,
+                input_items=create.new_input,
+                output_items=[],
+                parent=previous,
+                stream_id=create.stream_id,
+                tools_digest=digest,
+                input_fragment=new_fragment,
+            )
+        )
+        created = {**response, "status": "in_progress"}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "sequence_number": 0, "response": created},
+            {"type": "response.completed", "sequence_number": 1, "response": response},
+        ]
+        for event in events:
+            if create.stream_id is not None:
+                event["stream_id"] = create.stream_id
+            await self.send_event(event)
+
+
+def _not_found(create: CreateEvent) -> dict[str, Any]:
+    return error_event(
+        400,
+        "invalid_request_error",
+        "previous_response_not_found",
+        f"Previous response with id '{create.previous_response_id}' not found.",
+        param="previous_response_id",
+        stream_id=create.stream_id,
+    )

@@ -1,0 +1,347 @@
+"""The in-process HTTP call: one turn sent to the wrapped app, its answer turned into events.
+
+No socket and no loopback hop: the app is called as an ASGI application with a synthetic
+`http` scope. Its answer is read as it is sent: an SSE stream is decoded incrementally and
+each event handed on at once; a JSON response object becomes the lifecycle events an SSE
+stream would have carried; a 4xx/5xx becomes one error event with the handler's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import orjson
+from starlette.types import ASGIApp, Message, Scope
+
+from .protocol import error_event, server_error
+from .sse import SSEDecoder
+
+__all__ = ["ClientGone", "EventSink", "HandlerCall", "handler_headers", "http_scope"]
+
+logger = logging.getLogger(__name__)
+
+# Headers of the handshake that must not reach the handler: hop-by-hop and WebSocket ones,
+# `accept-encoding` (a compressing middleware inside would compress the event stream), and
+# the ones the synthetic request sets itself.
+_DROPPED_HEADERS = frozenset(
+    {
+        b"connection",
+        b"upgrade",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"accept-encoding",
+        b"content-length",
+        b"content-type",
+        b"accept",
+        b"host",
+    }
+)
+
+# An error or JSON answer is read whole; past this size the handler is misbehaving.
+MAX_BUFFERED_ANSWER = 64 * 1024 * 1024
+
+
+class ClientGone(OSError):
+    """The WebSocket client went away; raised from the handler's `send()`."""
+
+
+class EventSink(Protocol):
+    """Where the events of one handler call go (the connection's response stream)."""
+
+    finished: bool
+
+    async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        """An event of the handler's SSE stream, its data still encoded."""
+
+    async def event(self, event: dict[str, Any]) -> None:
+        """An event ws_mode built (from a JSON answer, or an error)."""
+
+
+def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The handshake's headers the handler should see on every turn, plus the fixed ones."""
+    headers = [
+        (name, value)
+        for name, value in ws_scope.get("headers", [])
+        if name not in _DROPPED_HEADERS and not name.startswith(b"sec-websocket-")
+    ]
+    host = next((value for name, value in ws_scope.get("headers", []) if name == b"host"), None)
+    if host is not None:
+        headers.insert(0, (b"host", host))
+    headers.append((b"content-type", b"application/json"))
+    headers.append((b"accept", b"text/event-stream"))
+    return headers
+
+
+def http_scope(
+    ws_scope: Scope,
+    *,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body_length: int,
+    extension: object,
+) -> Scope:
+    """The synthetic `http` scope of one turn, modelled on the socket's handshake."""
+    scheme = "https" if ws_scope.get("scheme") in ("wss", "https") else "http"
+    extensions = dict(ws_scope.get("extensions") or {})
+    extensions.pop("websocket.http.response", None)
+    extensions["ws_mode"] = extension
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": scheme,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": ws_scope.get("root_path", ""),
+        "query_string": ws_scope.get("query_string", b""),
+        "headers": [*headers, (b"content-length", str(body_length).encode())],
+        "client": ws_scope.get("client"),
+        "server": ws_scope.get("server"),
+        "extensions": extensions,
+    }
+    if "state" in ws_scope:
+        scope["state"] = dict(ws_scope["state"])
+    return scope
+
+
+class HandlerCall:
+    """One call of the wrapped app; a fresh object per turn, like Starlette's responders."""
+
+    def __init__(self, app: ASGIApp, scope: Scope, body: bytes, sink: EventSink) -> None:
+        self.app = app
+        self.scope = scope
+        self.body = body
+        self.sink = sink
+        self.status: int | None = None
+        self._streaming = False
+        self._decoder = SSEDecoder()
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._body_sent = False
+        self._complete = False
+        self._disconnected = asyncio.Event()
+        self._client_gone = False
+
+    async def run(self) -> None:
+        """Call the app and hand its answer to the sink. Cancel the task to abandon it."""
+        try:
+            await self.app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:
+            self._disconnected.set()
+            raise
+        except Exception as exc:
+            if self._client_gone:
+                # The app saw the client leave through our send() and gave up; not a fault.
+                raise ClientGone("the WebSocket client went away") from exc
+            logger.exception("the handler raised while answering a WebSocket mode turn")
+            if not self.sink.finished:
+                await self.sink.event(server_error(f"The handler failed: {type(exc).__name__}."))
+            return
+        await self._finish()
+
+    async def receive(self) -> Message:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        # Returning `http.disconnect` early would make frameworks cut streams short: wait
+        # until the turn is abandoned.
+        await self._disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            if self.status is None:
+                raise RuntimeError(
+                    "Expected ASGI message 'http.response.start', but got 'http.response.body'."
+                )
+            if self._complete:
+                return
+            body: bytes = message.get("body", b"")
+            if not message.get("more_body", False):
+                self._complete = True
+            if self._streaming:
+                try:
+                    for event in self._decoder.feed(body):
+                        if self.sink.finished:
+                            break
+                        await self.sink.sse_event(event.event, event.data)
+                except ClientGone:
+                    self._client_gone = True
+                    raise
+            elif body:
+                self._buffered += len(body)
+                if self._buffered > MAX_BUFFERED_ANSWER:
+                    raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
+                self._buffer.append(body)
+        elif kind == "http.response.start":
+            if self.status is not None:
+                raise RuntimeError("The handler sent 'http.response.start' twice.")
+            self.status = int(message["status"])
+            content_type = b""
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"content-type":
+                    content_type = value.lower()
+            self._streaming = self.status < 300 and content_type.startswith(b"text/event-stream")
+        # Other messages (trailers, extensions we did not offer) carry nothing for the client.
+
+    async def _finish(self) -> None:
+        if self.sink.finished:
+            return
+        if self.status is None:
+            await self.sink.event(server_error("The handler returned without answering."))
+            return
+        if self._streaming:
+            await self.sink.event(
+                server_error("The handler's event stream ended before a terminal event.")
+            )
+            return
+        body = b"".join(self._buffer)
+        if self.status >= 300:
+            await self.sink.event(_error_from_answer(self.status, body))
+            return
+        try:
+            response = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            response = None
+        if not isinstance(response, dict) or not isinstance(response.get("output", []), list):
+            await self.sink.event(
+                server_error("The handler answered with neither an event stream nor a response.")
+            )
+            return
+        for event in lifecycle_events(response):
+            await self.sink.event(event)
+            if self.sink.finished:
+                return
+
+
+def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
+    """The error event for a handler's 4xx/5xx answer, keeping its error body."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        shown = body[:500].decode("utf-8", "replace").strip()
+        error = {"message": shown} if shown else {}
+
+    def text(key: str) -> str | None:
+        value = error.get(key)
+        return value if isinstance(value, str) else None
+
+    return error_event(
+        status,
+        text("type") or ("invalid_request_error" if status < 500 else "server_error"),
+        text("code"),
+        text("message") or f"The handler answered HTTP {status}.",
+        param=text("param"),
+    )
+
+
+_TERMINAL_BY_STATUS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.failed",
+}
+
+
+def lifecycle_events(response: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """The events an SSE stream would have carried for a finished response object."""
+    output: list[Any] = response.get("output") or []
+    status = response.get("status") or "completed"
+    terminal = _TERMINAL_BY_STATUS.get(status)
+    if terminal is None:
+        yield server_error(
+            f"The handler answered with a response whose status is {status!r}, not finished."
+        )
+        return
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    seq = _Counter()
+    yield {"type": "response.created", "sequence_number": seq(), "response": started}
+    yield {"type": "response.in_progress", "sequence_number": seq(), "response": started}
+    for index, item in enumerate(output):
+        if not isinstance(item, dict):
+            continue
+        yield from _item_events(index, item, seq)
+    yield {"type": terminal, "sequence_number": seq(), "response": response}
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.value = -1
+
+    def __call__(self) -> int:
+        self.value += 1
+        return self.value
+
+
+def _item_events(index: int, item: dict[str, Any], seq: _Counter) -> Iterable[dict[str, Any]]:
+    kind = item.get("type")
+    item_id = item.get("id")
+    if kind == "message":
+        started: dict[str, Any] = {**item, "status": "in_progress", "content": []}
+    elif kind == "function_call":
+        started = {**item, "status": "in_progress", "arguments": ""}
+    else:
+        started = item
+    yield {
+        "type": "response.output_item.added",
+        "sequence_number": seq(),
+        "output_index": index,
+        "item": started,
+    }
+    if kind == "message":
+        for part_index, part in enumerate(item.get("content") or []):
+            if not isinstance(part, dict):
+                continue
+            where = {"item_id": item_id, "output_index": index, "content_index": part_index}
+            text = part.get("text")
+            empty = {**part, "text": ""} if isinstance(text, str) else part
+            yield {
+                "type": "response.content_part.added",
+                "sequence_number": seq(),
+                **where,
+                "part": empty,
+            }
+            if part.get("type") == "output_text" and isinstance(text, str):
+                delta = {"type": "response.output_text.delta", "delta": text, "logprobs": []}
+                yield {**delta, "sequence_number": seq(), **where}
+                done = {"type": "response.output_text.done", "text": text, "logprobs": []}
+                yield {**done, "sequence_number": seq(), **where}
+            yield {
+                "type": "response.content_part.done",
+                "sequence_number": seq(),
+                **where,
+                "part": part,
+            }
+    elif kind == "function_call":
+        arguments = item.get("arguments") or ""
+        where = {"item_id": item_id, "output_index": index}
+        yield {
+            "type": "response.function_call_arguments.delta",
+            "sequence_number": seq(),
+            **where,
+            "delta": arguments,
+        }
+        yield {
+            "type": "response.function_call_arguments.done",
+            "sequence_number": seq(),
+            **where,
+            "arguments": arguments,
+            "name": item.get("name"),
+        }
+    yield {
+        "type": "response.output_item.done",
+        "sequence_number": seq(),
+        "output_index": index,
+        "item": item,
+    }

@@ -1,0 +1,39 @@
+"""The bounds a WebSocket mode connection works within."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .errors import ConfigError
+
+__all__ = ["Limits"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every bound the middleware enforces, with OpenAI's numbers as defaults.
+
+    `max_connections` counts open sockets per middleware instance (one worker process);
+    `max_connection_seconds` ends a socket after that long (OpenAI: 60 minutes);
+    `max_message_bytes` bounds one client frame; `max_cached_responses` and `max_cached_bytes`
+    bound each connection's response cache; `max_in_flight` responses run at once per
+    connection (the rest queue); `max_streams` distinct named `stream_id`s per connection.
+    """
+
+    max_connections: int = 1000
+    max_connection_seconds: float = 3600.0
+    max_message_bytes: int = 64 * MiB
+    max_cached_responses: int = 512
+    max_cached_bytes: int = 256 * MiB
+    max_in_flight: int = 16
+    max_streams: int = 32
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"Limits.{field.name} must be a positive number, got {value!r}.")
+            if field.name != "max_connection_seconds" and not isinstance(value, int):
+                raise ConfigError(f"Limits.{field.name} must be an integer, got {value!r}.")

@@ -1,0 +1,75 @@
+"""An incremental decoder for `text/event-stream` bodies.
+
+It follows the WHATWG event-stream parsing rules (lines end in CRLF, LF or CR; `data` lines
+join with LF; a blank line dispatches; `:` starts a comment), accepts the body in chunks cut
+anywhere, and hands each event out as soon as its blank line arrives.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["SSEDecoder", "SSEEvent"]
+
+
+class SSEEvent(NamedTuple):
+    """One dispatched event: the `event:` field (None when absent) and the `data` bytes."""
+
+    event: str | None
+    data: bytes
+
+
+class SSEDecoder:
+    """Feed body chunks with `feed`; it returns the events those chunks completed."""
+
+    __slots__ = ("_buffer", "_data", "_event", "_has_data", "_skip_lf", "_started")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
+        self._has_data = False
+        self._skip_lf = False
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode a chunk of the body; return the events it completed, in order."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not self._started:
+            buffered = self._buffer + chunk
+            if len(buffered) < 3 and b"\xef\xbb\xbf".startswith(buffered):
+                self._buffer = buffered
+                return []
+            self._started = True
+            self._buffer = b""
+            chunk = buffered[3:] if buffered.startswith(b"\xef\xbb\xbf") else buffered
+        if b"\r" in chunk:
+            # A CR that ends the chunk may be the first half of a CRLF split across chunks.
+            self._skip_lf = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (self._buffer + chunk).split(b"\n")
+        self._buffer = lines.pop()
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._has_data:
+                    events.append(SSEEvent(self._event, b"\n".join(self._data)))
+                self._event = None
+                self._data = []
+                self._has_data = False
+                continue
+            name, colon, value = line.partition(b":")
+            if colon and value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value)
+                self._has_data = True
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace") or None
+            # `id`, `retry`, comments (empty name) and unknown fields carry nothing we forward.
+        return events

@@ -1,0 +1,178 @@
+"""One response's events on their way to the socket.
+
+Most events are forwarded without decoding their JSON: the SSE `event:` line names the type,
+and a lane's `stream_id` is spliced into the encoded object. Only the events that carry the
+response object (`response.created`, `response.completed`, ...), finished output items and
+errors are decoded: the first to echo the client's `previous_response_id`, the terminal ones to
+advance the cache before the client hears the response finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from .protocol import server_error
+
+__all__ = ["ResponseStream"]
+
+logger = logging.getLogger(__name__)
+
+# Events whose payload holds the response object.
+RESPONSE_EVENTS = frozenset(
+    {
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    }
+)
+SUCCESS_EVENTS = frozenset({"response.completed", "response.incomplete"})
+FAILURE_EVENTS = frozenset({"response.failed", "error"})
+
+
+class ResponseStream:
+    """Decorates and forwards the events of one response; remembers how it ended.
+
+    `on_finished(response, output)` runs on a terminal success before that event is sent,
+    `on_failed()` on a failure; `send_text` sends one frame (raising `ClientGone` when the
+    client left).
+    """
+
+    __slots__ = (
+        "_output_items",
+        "_prefix",
+        "finished",
+        "on_failed",
+        "on_finished",
+        "previous_response_id",
+        "response_id",
+        "send_text",
+        "stream_id",
+        "succeeded",
+    )
+
+    def __init__(
+        self,
+        *,
+        send_text: Callable[[str], Awaitable[None]],
+        stream_id: str | None,
+        previous_response_id: str | None,
+        on_finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+        on_failed: Callable[[], None],
+    ) -> None:
+        self.send_text = send_text
+        self.stream_id = stream_id
+        self.previous_response_id = previous_response_id
+        self.on_finished = on_finished
+        self.on_failed = on_failed
+        self.finished = False
+        self.succeeded = False
+        self.response_id: str | None = None
+        self._output_items: dict[int, dict[str, Any]] = {}
+        self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
+
+    async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        """Forward one event of the handler's SSE stream."""
+        if (
+            event_type is None
+            or event_type in RESPONSE_EVENTS
+            or event_type in FAILURE_EVENTS
+            or event_type == "response.output_item.done"
+        ):
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict):
+                await self.event(server_error("The handler sent an event that is not JSON."))
+                return
+            if event_type is None or event_type != "response.output_item.done":
+                await self.event(event)
+                return
+            self._remember_item(event)
+        data = data.strip()
+        if not (data.startswith(b"{") and data.endswith(b"}")):
+            await self.event(server_error("The handler sent an event that is not a JSON object."))
+            return
+        if self._prefix is not None:
+            rest = data[1:].lstrip()
+            data = self._prefix + rest if rest != b"}" else self._prefix[:-1] + b"}"
+        await self.send_text(data.decode("utf-8", "replace"))
+
+    async def event(self, event: dict[str, Any]) -> None:
+        """Forward an event given as an object, updating the stream's state from it."""
+        if self.finished:
+            return
+        kind = event.get("type")
+        if kind in RESPONSE_EVENTS:
+            response = event.get("response")
+            if isinstance(response, dict):
+                response["previous_response_id"] = self.previous_response_id
+                if isinstance(response.get("id"), str):
+                    self.response_id = response["id"]
+            if kind in SUCCESS_EVENTS:
+                self._succeed(response)
+            elif kind in FAILURE_EVENTS:
+                self._fail()
+        elif kind == "error":
+            event = _nested_error(event)
+            self._fail()
+        elif kind == "response.output_item.done":
+            self._remember_item(event)
+        if self.stream_id is not None:
+            event["stream_id"] = self.stream_id
+        await self.send_text(orjson.dumps(event).decode())
+
+    def _remember_item(self, event: dict[str, Any]) -> None:
+        item, index = event.get("item"), event.get("output_index")
+        if isinstance(item, dict):
+            self._output_items[index if isinstance(index, int) else len(self._output_items)] = item
+
+    def _succeed(self, response: Any) -> None:
+        self.finished = True
+        if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+            logger.warning("a terminal event had no response id; the response is not cached")
+            return
+        output = response.get("output")
+        if not isinstance(output, list) or (not output and self._output_items):
+            # A terminal event may omit the output; the finished items hold it.
+            output = [self._output_items[index] for index in sorted(self._output_items)]
+        self.succeeded = True
+        self.on_finished(response, [item for item in output if isinstance(item, dict)])
+
+    def _fail(self) -> None:
+        self.finished = True
+        self.on_failed()
+
+
+def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
+    """An SSE `error` event (flat `code`/`message`/`param`) in the socket's nested envelope."""
+    error = event.get("error")
+    if isinstance(error, dict):
+        event.setdefault("status", 500 if error.get("type") == "server_error" else 400)
+        error.setdefault("type", "server_error")
+        error.setdefault("message", "The handler reported an error.")
+        return event
+    nested = {
+        "type": "error",
+        "status": event.get("status") if isinstance(event.get("status"), int) else 500,
+        "error": {
+            "type": event.get("error_type")
+            if isinstance(event.get("error_type"), str)
+            else "server_error",
+            "code": event.get("code"),
+            "message": event.get("message")
+            if isinstance(event.get("message"), str)
+            else "The handler reported an error.",
+            "param": event.get("param"),
+        },
+    }
+    if "sequence_number" in event:
+        nested["sequence_number"] = event["sequence_number"]
+    return nested

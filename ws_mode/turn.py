@@ -1,0 +1,133 @@
+"""The Turn a handler sees, and the HTTP request body each turn sends it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from .cache import CachedResponse, encode_items
+from .protocol import CreateEvent
+
+__all__ = ["Turn", "build_body", "tools_digest", "turn"]
+
+SCOPE_KEY = "ws_mode"
+
+
+class Turn:
+    """One WebSocket mode turn, as the handler sees it.
+
+    `previous` is the cached parent this turn continues (None for a fresh chain);
+    `new_input` the items the client sent this turn; `history()` the whole context;
+    `artifacts` a dict the handler fills, kept on this turn's cached response so the next
+    turn finds it on `previous.artifacts`; `stream_id` the lane; `tools_changed` whether the
+    tools differ from the parent's (always True for a fresh chain).
+    """
+
+    __slots__ = (
+        "artifacts",
+        "full_context",
+        "generate",
+        "new_input",
+        "previous",
+        "previous_response_id",
+        "stream_id",
+        "tools_changed",
+        "tools_digest",
+    )
+
+    def __init__(
+        self,
+        *,
+        previous: CachedResponse | None,
+        new_input: list[dict[str, Any]],
+        stream_id: str | None = None,
+        tools_digest: bytes | None = None,
+        generate: bool = True,
+        full_context: bool = True,
+    ) -> None:
+        self.previous = previous
+        self.new_input = new_input
+        self.stream_id = stream_id
+        self.tools_digest = tools_digest
+        self.tools_changed = previous is None or previous.tools_digest != tools_digest
+        self.previous_response_id = previous.id if previous is not None else None
+        self.generate = generate
+        #: Whether the handler's request body carries the whole context in `input`.
+        self.full_context = full_context
+        self.artifacts: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<Turn previous={self.previous_response_id!r} new_input={len(self.new_input)} "
+            f"stream_id={self.stream_id!r}>"
+        )
+
+    def history(self) -> list[dict[str, Any]]:
+        """The whole context: the parent chain's input and output items, then `new_input`."""
+        if self.previous is None:
+            return list(self.new_input)
+        items = list(self.previous.context_items())
+        items.extend(self.new_input)
+        return items
+
+
+def turn(request_or_scope: Any) -> Turn | None:
+    """The Turn of a handler call made by ws_mode, or None for a plain HTTP request.
+
+    Accepts a Starlette (or FastAPI) request, a Django request, or an ASGI scope.
+    """
+    scope = request_or_scope
+    if not isinstance(scope, Mapping):
+        scope = getattr(request_or_scope, "scope", None)
+        if not isinstance(scope, Mapping):
+            raise TypeError(
+                "turn() takes a Starlette or Django request or an ASGI scope, "
+                f"got {type(request_or_scope).__name__}."
+            )
+    extensions = scope.get("extensions") or {}
+    found = extensions.get(SCOPE_KEY)
+    return found if isinstance(found, Turn) else None
+
+
+def tools_digest(tools: list[dict[str, Any]] | None) -> bytes | None:
+    """A digest of the tool definitions, equal for equal tools whatever the key order."""
+    if not tools:
+        return None
+    encoded = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def build_body(
+    create: CreateEvent,
+    previous: CachedResponse | None,
+    *,
+    full_context: bool,
+    new_fragment: bytes | None = None,
+) -> bytes:
+    """The HTTP request body of one turn.
+
+    Fresh chains forward the client's input as sent. Continuations either carry the whole
+    context, assembled by joining the cached nodes' encoded fragments with the new items
+    (`full_context`), or only the new items and `previous_response_id`.
+    """
+    if previous is None:
+        fields = dict(create.fields)
+        if create.raw_input is not None:
+            fields["input"] = create.raw_input
+        return orjson.dumps(fields)
+    if not full_context:
+        fields = dict(create.fields)
+        fields["previous_response_id"] = previous.id
+        fields["input"] = create.raw_input if create.raw_input is not None else []
+        return orjson.dumps(fields)
+    fragments = previous.context_fragments()
+    if new_fragment is None:
+        new_fragment = encode_items(create.new_input)
+    if new_fragment:
+        fragments.append(new_fragment)
+    head = orjson.dumps(create.fields)
+    # `fields` always holds `stream`, so `head` is a non-empty object: `{...}`.
+    return b"".join((head[:-1], b',"input":[', b",".join(fragments), b"]}"))
