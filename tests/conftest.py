@@ -7,16 +7,16 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 settings.register_profile(
     "long", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=5000
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -8,7 +8,7 @@ import re
 import time
 import typing
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import orjson
@@ -595,14 +595,16 @@ def test_streaming_is_paced(sleeps: list[float]) -> None:
 
 
 def test_fast_rates_batch_their_sleeps(sleeps: list[float]) -> None:
-    config = ReferenceConfig(tool_calls=0, answer_tokens=400, tokens_per_second=100_000)
+    # 1,000 tokens at 20,000 tokens/s: 50 ms of pacing at a 50 us interval per token.
+    config = ReferenceConfig(tool_calls=0, answer_tokens=1000, tokens_per_second=20_000)
     with TestClient(create_app(config)) as test_client:
         started = time.monotonic()
         reply = test_client.post("/v1/responses", json={"input": "hi", "stream": True})
         elapsed = time.monotonic() - started
-    assert len(check_stream(reply.content)) == 400 + 8
-    assert elapsed >= 400 / 100_000 - 0.001
-    assert 1 <= len(sleeps) <= 4  # about one per millisecond owed, not one per token
+    assert len(check_stream(reply.content)) == 1000 + 8
+    assert elapsed >= 1000 / 20_000 - 0.001
+    # Sleeping only when at least 1 ms is owed: at most one sleep per millisecond, not per token.
+    assert 1 <= len(sleeps) <= 51
     assert all(delay >= 0.001 for delay in sleeps)
 
 
@@ -622,3 +624,36 @@ def test_json_answer_is_paced(sleeps: list[float]) -> None:
     assert reply.status_code == 200
     assert sleeps == [pytest.approx(0.1)]
     assert elapsed >= 0.1
+
+
+# --- behind the real middleware -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full_context", ["always", "on_miss"])
+def test_websocket_mode_matches_http(full_context: Literal["always", "on_miss"]) -> None:
+    """Over ws_mode, each turn sends only its new items and gets what HTTP gets for the whole
+    history (with on_miss, through `turn(request).history()`)."""
+    from ws_mode import WebSocketModeMiddleware
+
+    inner = create_app(ReferenceConfig(tool_calls=2, answer_tokens=5))
+    app = WebSocketModeMiddleware(inner, full_context=full_context)
+    new: list[dict[str, Any]] = [USER]
+    history = list(new)
+    previous: str | None = None
+    kinds = []
+    with TestClient(app) as test_client, test_client.websocket_connect("/v1/responses") as ws:
+        for _ in range(3):
+            create = {"type": "response.create", "input": new, "previous_response_id": previous}
+            ws.send_text(orjson.dumps(create).decode())
+            while (event := orjson.loads(ws.receive_text()))["type"] != "response.completed":
+                assert event["type"] not in ("error", "response.failed"), event
+            response = event["response"]
+            assert response["previous_response_id"] == previous
+            over_http = test_client.post("/v1/responses", json={"input": history}).json()
+            assert response["output"] == over_http["output"]
+            (item,) = response["output"]
+            kinds.append(item["type"])
+            previous = response["id"]
+            new = [call_output(item)] if item["type"] == "function_call" else [USER]
+            history = [*history, item, *new]
+    assert kinds == ["function_call", "function_call", "message"]
