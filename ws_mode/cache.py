@@ -63,6 +63,7 @@ class CachedResponse:
         tools_digest: bytes | None = None,
         artifacts: dict[str, Any] | None = None,
         input_fragment: bytes | None = None,
+        size: int | None = None,
     ) -> None:
         self.id = id
         self.response = response
@@ -77,7 +78,11 @@ class CachedResponse:
         )
         self.output_fragment = encode_items(output_items)
         self.depth: int = parent.depth + 1 if parent is not None else 1
-        self.size = len(self.input_fragment) + len(self.output_fragment) + _NODE_OVERHEAD
+        # `size`: the encoded response object's length when the caller knows it (it holds the
+        # output, instructions and tools); the input is counted on top.
+        if size is None:
+            size = len(self.output_fragment)
+        self.size = len(self.input_fragment) + size + _NODE_OVERHEAD
 
     def __repr__(self) -> str:
         return f"<CachedResponse {self.id} depth={self.depth}>"

@@ -264,9 +264,10 @@ class Connection:
             full_context=full_context,
         )
 
-        def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
+        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
             self.cache.put(
                 CachedResponse(
+                    size=size,
                     id=response["id"],
                     response=response,
                     input_items=create.new_input,

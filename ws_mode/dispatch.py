@@ -133,9 +133,6 @@ class HandlerCall:
         """Call the app and hand its answer to the sink. Cancel the task to abandon it."""
         try:
             await self.app(self.scope, self.receive, self.send)
-        except asyncio.CancelledError:
-            self._disconnected.set()
-            raise
         except Exception as exc:
             if self._client_gone:
                 # The app saw the client leave through our send() and gave up; not a fault.
@@ -144,6 +141,9 @@ class HandlerCall:
             if not self.sink.finished:
                 await self.sink.event(server_error(f"The handler failed: {type(exc).__name__}."))
             return
+        finally:
+            # Whatever still waits on `receive()` (a disconnect listener) learns the call ended.
+            self._disconnected.set()
         await self._finish()
 
     async def receive(self) -> Message:
@@ -167,6 +167,8 @@ class HandlerCall:
             body: bytes = message.get("body", b"")
             if not message.get("more_body", False):
                 self._complete = True
+                # Past the response, `receive()` reports the disconnect (ASGI spec).
+                self._disconnected.set()
             if self._streaming:
                 try:
                     for event in self._decoder.feed(body):

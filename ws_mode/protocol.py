@@ -274,6 +274,7 @@ def _json_type(value: object) -> str:
         int: "a number",
         float: "a number",
         bool: "a boolean",
+        dict: "an object",
         type(None): "null",
     }.get(type(value), "another value")
 

@@ -39,7 +39,8 @@ FAILURE_EVENTS = frozenset({"response.failed", "error"})
 class ResponseStream:
     """Decorates and forwards the events of one response; remembers how it ended.
 
-    `on_finished(response, output)` runs on a terminal success before that event is sent,
+    `on_finished(response, output, size)` runs on a terminal success before that event is sent
+    (`size`: the encoded response's length, for the cache's accounting),
     `on_failed()` on a failure; `send_text` sends one frame (raising `ClientGone` when the
     client left).
     """
@@ -63,7 +64,7 @@ class ResponseStream:
         send_text: Callable[[str], Awaitable[None]],
         stream_id: str | None,
         previous_response_id: str | None,
-        on_finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+        on_finished: Callable[[dict[str, Any], list[dict[str, Any]], int], None],
         on_failed: Callable[[], None],
     ) -> None:
         self.send_text = send_text
@@ -79,6 +80,8 @@ class ResponseStream:
 
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """Forward one event of the handler's SSE stream."""
+        if self.finished:
+            return
         if (
             event_type is None
             or event_type in RESPONSE_EVENTS
@@ -110,31 +113,34 @@ class ResponseStream:
         if self.finished:
             return
         kind = event.get("type")
+        response = None
         if kind in RESPONSE_EVENTS:
             response = event.get("response")
             if isinstance(response, dict):
                 response["previous_response_id"] = self.previous_response_id
                 if isinstance(response.get("id"), str):
                     self.response_id = response["id"]
-            if kind in SUCCESS_EVENTS:
-                self._succeed(response)
-            elif kind in FAILURE_EVENTS:
-                self._fail()
         elif kind == "error":
             event = _nested_error(event)
-            self._fail()
         elif kind == "response.output_item.done":
             self._remember_item(event)
         if self.stream_id is not None:
             event["stream_id"] = self.stream_id
-        await self.send_text(orjson.dumps(event).decode())
+        text = orjson.dumps(event).decode()
+        # The cache advances before the client hears the response finished, so it can
+        # continue from it at once, on any lane.
+        if kind in SUCCESS_EVENTS:
+            self._succeed(response, len(text))
+        elif kind in FAILURE_EVENTS:
+            self._fail()
+        await self.send_text(text)
 
     def _remember_item(self, event: dict[str, Any]) -> None:
         item, index = event.get("item"), event.get("output_index")
         if isinstance(item, dict):
             self._output_items[index if isinstance(index, int) else len(self._output_items)] = item
 
-    def _succeed(self, response: Any) -> None:
+    def _succeed(self, response: Any, size: int) -> None:
         self.finished = True
         if not isinstance(response, dict) or not isinstance(response.get("id"), str):
             logger.warning("a terminal event had no response id; the response is not cached")
@@ -144,7 +150,7 @@ class ResponseStream:
             # A terminal event may omit the output; the finished items hold it.
             output = [self._output_items[index] for index in sorted(self._output_items)]
         self.succeeded = True
-        self.on_finished(response, [item for item in output if isinstance(item, dict)])
+        self.on_finished(response, [item for item in output if isinstance(item, dict)], size)
 
     def _fail(self) -> None:
         self.finished = True
@@ -154,25 +160,26 @@ class ResponseStream:
 def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
     """An SSE `error` event (flat `code`/`message`/`param`) in the socket's nested envelope."""
     error = event.get("error")
-    if isinstance(error, dict):
-        event.setdefault("status", 500 if error.get("type") == "server_error" else 400)
-        error.setdefault("type", "server_error")
-        error.setdefault("message", "The handler reported an error.")
-        return event
-    nested = {
+    fields = error if isinstance(error, dict) else event
+    kind = _text(fields.get("type") if fields is error else event.get("error_type"))
+    status = event.get("status")
+    nested: dict[str, Any] = {
         "type": "error",
-        "status": event.get("status") if isinstance(event.get("status"), int) else 500,
+        "status": status
+        if isinstance(status, int)
+        else (400 if kind and kind != "server_error" else 500),
         "error": {
-            "type": event.get("error_type")
-            if isinstance(event.get("error_type"), str)
-            else "server_error",
-            "code": event.get("code"),
-            "message": event.get("message")
-            if isinstance(event.get("message"), str)
-            else "The handler reported an error.",
-            "param": event.get("param"),
+            **(error if isinstance(error, dict) else {}),
+            "type": kind or "server_error",
+            "code": _text(fields.get("code")),
+            "message": _text(fields.get("message")) or "The handler reported an error.",
+            "param": _text(fields.get("param")),
         },
     }
-    if "sequence_number" in event:
+    if isinstance(event.get("sequence_number"), int):
         nested["sequence_number"] = event["sequence_number"]
     return nested
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
