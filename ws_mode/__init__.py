@@ -7,13 +7,17 @@ app.add_middleware(WebSocketModeMiddleware)
 from .cache import CachedResponse
 from .errors import ConfigError, WSModeError
 from .limits import Limits
-from .middleware import WebSocketModeMiddleware
+from .middleware import ResponseHook, WebSocketModeMiddleware
+from .tokens import Renderer, Tokens
 from .turn import Turn, turn
 
 __all__ = [
     "CachedResponse",
     "ConfigError",
     "Limits",
+    "Renderer",
+    "ResponseHook",
+    "Tokens",
     "Turn",
     "WSModeError",
     "WebSocketModeMiddleware",

@@ -9,11 +9,13 @@ so building a full-context request body is a join, never a re-serialization.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
+
+from .tokens import Tokens
 
 __all__ = ["CachedResponse", "ResponseCache", "encode_items"]
 
@@ -37,6 +39,8 @@ class CachedResponse:
     """
 
     __slots__ = (
+        "_pending_tokens",
+        "_tokens",
         "artifacts",
         "depth",
         "id",
@@ -78,6 +82,8 @@ class CachedResponse:
         )
         self.output_fragment = encode_items(output_items)
         self.depth: int = parent.depth + 1 if parent is not None else 1
+        self._tokens: Tokens | None = None
+        self._pending_tokens: Callable[[], Tokens] | None = None
         # `size`: the encoded response object's length when the caller knows it (it holds the
         # output, instructions and tools); the input is counted on top.
         if size is None:
@@ -86,6 +92,20 @@ class CachedResponse:
 
     def __repr__(self) -> str:
         return f"<CachedResponse {self.id} depth={self.depth}>"
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The rendered tokens of the whole context up to and including this response's
+        output, when the middleware has a renderer; rendered on first use if still pending."""
+        if self._pending_tokens is not None:
+            self._tokens = self._pending_tokens()
+            self._pending_tokens = None
+        return self._tokens
+
+    def defer_tokens(self, render: Callable[[], Tokens]) -> None:
+        """Set how to render this response's tokens; done after the response, off the next
+        turn's path, or on first use."""
+        self._pending_tokens = render
 
     def chain(self) -> list[CachedResponse]:
         """The nodes from the root of the conversation down to this one."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import secrets
 import time
@@ -16,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cachetools import LRUCache
 from starlette.types import Message, Receive, Scope, Send
 
 from .cache import CachedResponse, ResponseCache, encode_items
@@ -33,6 +35,7 @@ from .protocol import (
     steer_input_problem,
 )
 from .stream import ResponseStream
+from .tokens import Tokens
 from .turn import Turn, build_body, tools_digest
 
 if TYPE_CHECKING:
@@ -44,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
+# How many distinct tool sets keep their handler-made artifacts per connection.
+TOOL_SETS = 64
+# How long post-response work may run on after its connection closed.
+AFTER_RESPONSE_GRACE = 5.0
 
 
 @dataclass(eq=False)
@@ -70,6 +77,8 @@ class Connection:
         self._named_lanes: set[str] = set()
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
         self._streams: set[ResponseStream] = set()
+        self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
+        self._after: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
         self._closed = False
         self._headers = handler_headers(scope)
@@ -99,6 +108,7 @@ class Connection:
         finally:
             self._closed = True
             await self._stop_lanes()
+            await self._finish_after_response_work()
             self.cache.clear()
 
     async def _end_of_life(self) -> None:
@@ -251,34 +261,37 @@ class Connection:
                 await self.send_event(_not_found(create))
                 return
         digest = tools_digest(create.tools)
-        new_fragment = encode_items(create.new_input)
-        if not create.generate:
-            await self._warm_up(create, previous, digest, new_fragment)
-            return
-        full_context = previous is None or self.settings.full_context == "always"
+        renderer = self.settings.renderer
         current = Turn(
             previous=previous,
             new_input=create.new_input,
             stream_id=create.stream_id,
             tools_digest=digest,
-            full_context=full_context,
+            generate=create.generate,
+            full_context=previous is None or self.settings.full_context == "always",
+            tool_artifacts=self._tool_artifacts_for(digest),
+            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
         )
+        new_fragment = encode_items(create.new_input)
+        if not create.generate:
+            await self._warm_up(create, current, new_fragment)
+            return
 
         def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
-            self.cache.put(
-                CachedResponse(
-                    size=size,
-                    id=response["id"],
-                    response=response,
-                    input_items=create.new_input,
-                    output_items=output,
-                    parent=previous,
-                    stream_id=create.stream_id,
-                    tools_digest=digest,
-                    artifacts=current.artifacts,
-                    input_fragment=new_fragment,
-                )
+            node = CachedResponse(
+                size=size,
+                id=response["id"],
+                response=response,
+                input_items=create.new_input,
+                output_items=output,
+                parent=previous,
+                stream_id=create.stream_id,
+                tools_digest=digest,
+                artifacts=current.artifacts,
+                input_fragment=new_fragment,
             )
+            self._remember(node, current, output)
+            self._after_response(node, current, response)
 
         def failed() -> None:
             # A failed continuation on the parent's own lane drops the parent (PROTOCOL.md §4).
@@ -292,7 +305,9 @@ class Connection:
             on_finished=finished,
             on_failed=failed,
         )
-        body = build_body(create, previous, full_context=full_context, new_fragment=new_fragment)
+        body = build_body(
+            create, previous, full_context=current.full_context, new_fragment=new_fragment
+        )
         scope = http_scope(
             self.scope,
             path=self._handler_path,
@@ -319,14 +334,12 @@ class Connection:
         finally:
             self._streams.discard(stream)
 
-    async def _warm_up(
-        self,
-        create: CreateEvent,
-        previous: CachedResponse | None,
-        digest: bytes | None,
-        new_fragment: bytes,
-    ) -> None:
-        """`generate: false`: prepare the request's state and answer with an empty response."""
+    async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
+        """`generate: false`: prepare the request's state and answer with an empty response.
+
+        The input is validated, encoded and rendered now, so the first generated turn that
+        continues from the warm-up finds it all cached.
+        """
         fields = create.fields
         response: dict[str, Any] = {
             "id": "resp_" + secrets.token_hex(16),
@@ -346,18 +359,18 @@ class Connection:
             "error": None,
             "incomplete_details": None,
         }
-        self.cache.put(
-            CachedResponse(
-                id=response["id"],
-                response=response,
-                input_items=create.new_input,
-                output_items=[],
-                parent=previous,
-                stream_id=create.stream_id,
-                tools_digest=digest,
-                input_fragment=new_fragment,
-            )
+        node = CachedResponse(
+            id=response["id"],
+            response=response,
+            input_items=create.new_input,
+            output_items=[],
+            parent=current.previous,
+            stream_id=create.stream_id,
+            tools_digest=current.tools_digest,
+            input_fragment=new_fragment,
         )
+        self._remember(node, current, [])
+        node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
         created = {**response, "status": "in_progress"}
         events: list[dict[str, Any]] = [
             {"type": "response.created", "sequence_number": 0, "response": created},
@@ -367,6 +380,58 @@ class Connection:
             if create.stream_id is not None:
                 event["stream_id"] = create.stream_id
             await self.send_event(event)
+
+    # State kept across turns.
+
+    def _tool_artifacts_for(self, digest: bytes | None) -> dict[str, Any]:
+        artifacts = self._tool_artifacts.get(digest)
+        if artifacts is None:
+            artifacts = self._tool_artifacts[digest] = {}
+        return artifacts
+
+    def _remember(self, node: CachedResponse, current: Turn, output: list[dict[str, Any]]) -> None:
+        """Cache a finished response; its output is rendered later, off the next turn's path."""
+        renderer = self.settings.renderer
+        if renderer is not None and current.new_tokens is not None:
+            prefix = current.prefix_tokens if current.prefix_tokens is not None else Tokens()
+            new_tokens = current.new_tokens
+            node.defer_tokens(
+                lambda: prefix.extended(new_tokens, renderer(output) if output else ())
+            )
+        self.cache.put(node)
+
+    def _after_response(
+        self, node: CachedResponse, current: Turn, response: dict[str, Any]
+    ) -> None:
+        """Start the work that follows a finished response, without waiting for it."""
+        if self.settings.renderer is None and self.settings.on_response is None:
+            return
+        task = asyncio.create_task(self._run_after_response(node, current, response))
+        self._after.add(task)
+        task.add_done_callback(self._after.discard)
+
+    async def _run_after_response(
+        self, node: CachedResponse, current: Turn, response: dict[str, Any]
+    ) -> None:
+        await asyncio.sleep(0)  # let the terminal event go out first
+        try:
+            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
+            hook = self.settings.on_response
+            if hook is not None:
+                result = hook(current, response)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            logger.exception("post-response work failed for %s", node.id)
+
+    async def _finish_after_response_work(self) -> None:
+        if not self._after:
+            return
+        _done, pending = await asyncio.wait(set(self._after), timeout=AFTER_RESPONSE_GRACE)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _not_found(create: CreateEvent) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -12,12 +13,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
+from .tokens import Renderer
 
-__all__ = ["FullContext", "Settings", "WebSocketModeMiddleware"]
+if TYPE_CHECKING:
+    from .turn import Turn
+
+__all__ = ["FullContext", "ResponseHook", "Settings", "WebSocketModeMiddleware"]
 
 logger = logging.getLogger(__name__)
 
 FullContext = Literal["always", "on_miss"]
+
+#: Called after each finished response with its Turn and the terminal response object, off the
+#: path of the next turn (accounting, logging). May be a coroutine function.
+ResponseHook = Callable[["Turn", dict[str, Any]], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +38,8 @@ class Settings:
     handler_path: str
     full_context: FullContext
     limits: Limits
+    renderer: Renderer | None = None
+    on_response: ResponseHook | None = None
 
 
 class WebSocketModeMiddleware:
@@ -41,6 +52,11 @@ class WebSocketModeMiddleware:
     `full_context="always"` gives the handler the whole history on every turn (drop-in for
     stateless handlers); `"on_miss"` gives it only the new input plus `previous_response_id`
     when the parent is cached, and the cached state through `ws_mode.turn(request)`.
+
+    `renderer` renders items to token ids: each turn's new items are rendered once, the tokens
+    are kept on the cached response, and the Turn hands the prefix's tokens to the handler.
+    `on_response(turn, response)` runs after each finished response, never delaying the next
+    turn.
     """
 
     def __init__(
@@ -51,6 +67,8 @@ class WebSocketModeMiddleware:
         handler_path: str | None = None,
         full_context: FullContext = "always",
         limits: Limits | None = None,
+        renderer: Renderer | None = None,
+        on_response: ResponseHook | None = None,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
@@ -66,6 +84,9 @@ class WebSocketModeMiddleware:
             limits = Limits()
         elif not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a ws_mode.Limits, got {type(limits).__name__}.")
+        for name, hook in (("renderer", renderer), ("on_response", on_response)):
+            if hook is not None and not callable(hook):
+                raise ConfigError(f"{name} must be callable or None, got {hook!r}.")
         self.app = app
         self.settings = Settings(
             app=app,
@@ -73,6 +94,8 @@ class WebSocketModeMiddleware:
             handler_path=handler_path or path,
             full_context=full_context,
             limits=limits,
+            renderer=renderer,
+            on_response=on_response,
         )
         self.connections = 0
 

@@ -10,6 +10,7 @@ import orjson
 
 from .cache import CachedResponse, encode_items
 from .protocol import CreateEvent
+from .tokens import Tokens
 
 __all__ = ["Turn", "build_body", "tools_digest", "turn"]
 
@@ -23,7 +24,12 @@ class Turn:
     `new_input` the items the client sent this turn; `history()` the whole context;
     `artifacts` a dict the handler fills, kept on this turn's cached response so the next
     turn finds it on `previous.artifacts`; `stream_id` the lane; `tools_changed` whether the
-    tools differ from the parent's (always True for a fresh chain).
+    tools differ from the parent's (always True for a fresh chain); `tool_artifacts` a dict the
+    handler fills for these exact tools (rendered schemas, a namespace), handed back on every
+    turn of the connection with the same tools.
+
+    With a `renderer`, `prefix_tokens` holds the rendered context before this turn (never
+    re-rendered) and `new_tokens` this turn's new input, rendered once.
     """
 
     __slots__ = (
@@ -31,9 +37,12 @@ class Turn:
         "full_context",
         "generate",
         "new_input",
+        "new_tokens",
+        "prefix_tokens",
         "previous",
         "previous_response_id",
         "stream_id",
+        "tool_artifacts",
         "tools_changed",
         "tools_digest",
     )
@@ -47,6 +56,8 @@ class Turn:
         tools_digest: bytes | None = None,
         generate: bool = True,
         full_context: bool = True,
+        tool_artifacts: dict[str, Any] | None = None,
+        new_tokens: list[int] | None = None,
     ) -> None:
         self.previous = previous
         self.new_input = new_input
@@ -58,6 +69,12 @@ class Turn:
         #: Whether the handler's request body carries the whole context in `input`.
         self.full_context = full_context
         self.artifacts: dict[str, Any] = {}
+        self.tool_artifacts: dict[str, Any] = tool_artifacts if tool_artifacts is not None else {}
+        self.new_tokens = new_tokens
+        self.prefix_tokens: Tokens | None = None
+        if new_tokens is not None:
+            prefix = previous.tokens if previous is not None else None
+            self.prefix_tokens = prefix if prefix is not None else Tokens()
 
     def __repr__(self) -> str:
         return (
@@ -72,6 +89,13 @@ class Turn:
         items = list(self.previous.context_items())
         items.extend(self.new_input)
         return items
+
+    def tokens(self) -> list[int] | None:
+        """The rendered tokens of the whole context (prefix then new input), or None without
+        a renderer."""
+        if self.prefix_tokens is None or self.new_tokens is None:
+            return None
+        return [*self.prefix_tokens.tolist(), *self.new_tokens]
 
 
 def turn(request_or_scope: Any) -> Turn | None:
