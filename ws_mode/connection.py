@@ -56,7 +56,8 @@ AFTER_RESPONSE_GRACE = 5.0
 @dataclass(eq=False)
 class _Lane:
     stream_id: str | None
-    queue: deque[CreateEvent] = field(default_factory=deque)
+    # Creates, and refusals of creates, answered in order.
+    queue: deque[CreateEvent | ProtocolError] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
 
@@ -180,7 +181,11 @@ class Connection:
             else:
                 self._submit(event)
         except ProtocolError as exc:
-            await self.send_event(exc.event())
+            lane = self._lanes.get(exc.stream_id) if exc.on_lane else None
+            if lane is not None:
+                lane.queue.append(exc)  # the lane is busy: answer after what runs before it
+            else:
+                await self.send_event(exc.event())
 
     def _too_large(self, text: str) -> bool:
         limit = self.limits.max_message_bytes
@@ -191,19 +196,21 @@ class Connection:
 
     async def _on_steer(self, steer: SteerEvent) -> None:
         target = steer.previous_response_id
+        node = self.cache.get(target)
+        active = next((s for s in self._streams if s.response_id == target), None)
+        found = node is not None or active is not None
+        lane = node.stream_id if node is not None else active.stream_id if active else None
         problem = steer_input_problem(steer.input)
         if problem is not None:
             code, message = "invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem)
-        elif target not in self.cache and not any(
-            stream.response_id == target for stream in self._streams
-        ):
-            code, message = (
-                "response_not_found",
-                STEER_MESSAGES["response_not_found"].format(id=target),
-            )
+        elif not found:
+            code = "response_not_found"
+            message = STEER_MESSAGES["response_not_found"].format(id=target)
         else:
             code, message = "steering_not_supported", STEER_MESSAGES["steering_not_supported"]
-        await self.send_event(steer_failed_event(code, target, steer.input, message))
+        await self.send_event(
+            steer_failed_event(code, target, steer.input, message, stream_id=lane)
+        )
 
     # Lanes.
 
@@ -231,9 +238,12 @@ class Connection:
     async def _drain(self, lane: _Lane) -> None:
         try:
             while lane.queue:
-                create = lane.queue.popleft()
+                item = lane.queue.popleft()
+                if isinstance(item, ProtocolError):
+                    await self.send_event(item.event())
+                    continue
                 async with self._in_flight:
-                    await self._run_turn(create)
+                    await self._run_turn(item)
         except ClientGone:
             pass
         finally:
@@ -316,23 +326,36 @@ class Connection:
             extension=current,
         )
         self._streams.add(stream)
+        call = asyncio.create_task(HandlerCall(self.settings.app, scope, body, stream).run())
         try:
-            await HandlerCall(self.settings.app, scope, body, stream).run()
+            await self._until_finished(stream, call)
+        finally:
+            self._streams.discard(stream)
+        if not call.done():
+            # The client has its terminal event; what the handler still does (a background
+            # task, logging) goes on without holding up the lane.
+            self._keep(call)
+            return
+        try:
+            call.result()
         except ClientGone:
             raise
         except Exception:
             # ws_mode's own fault; the lane and the connection go on.
             logger.exception("WebSocket mode turn failed")
             if not stream.finished:
-                stream.finished = True
-                failed()
-                await self.send_event(
-                    server_error(
-                        "The server failed to run this request.", stream_id=create.stream_id
-                    )
-                )
+                await stream.event(server_error("The server failed to run this request."))
+
+    async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
+        """Wait until the response ended or the handler call returned, whichever is first."""
+        ended = asyncio.create_task(stream.ended.wait())
+        try:
+            await asyncio.wait((call, ended), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._streams.discard(stream)
+            ended.cancel()
+            if not stream.finished and not call.done():
+                call.cancel()  # the turn was abandoned (the client left or a limit hit)
+                await asyncio.gather(call, return_exceptions=True)
 
     async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
         """`generate: false`: prepare the request's state and answer with an empty response.
@@ -406,8 +429,12 @@ class Connection:
         """Start the work that follows a finished response, without waiting for it."""
         if self.settings.renderer is None and self.settings.on_response is None:
             return
-        task = asyncio.create_task(self._run_after_response(node, current, response))
+        self._keep(asyncio.create_task(self._run_after_response(node, current, response)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Track work that outlives its turn, so the connection can finish it on close."""
         self._after.add(task)
+        task.add_done_callback(_log_failure)
         task.add_done_callback(self._after.discard)
 
     async def _run_after_response(
@@ -432,6 +459,14 @@ class Connection:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, ClientGone):
+        logger.error("work after a response failed", exc_info=error)
 
 
 def _not_found(create: CreateEvent) -> dict[str, Any]:

@@ -162,7 +162,9 @@ class HandlerCall:
                 raise RuntimeError(
                     "Expected ASGI message 'http.response.start', but got 'http.response.body'."
                 )
-            if self._complete:
+            if self._complete or self.sink.finished:
+                if not message.get("more_body", False):
+                    self._disconnected.set()
                 return
             body: bytes = message.get("body", b"")
             if not message.get("more_body", False):
@@ -213,7 +215,19 @@ class HandlerCall:
             response = orjson.loads(body)
         except orjson.JSONDecodeError:
             response = None
-        if not isinstance(response, dict) or not isinstance(response.get("output", []), list):
+        if (
+            isinstance(response, dict)
+            and isinstance(response.get("error"), dict)
+            and not isinstance(response.get("output"), list)
+        ):
+            # An error body sent with a 2xx status is still an error.
+            await self.sink.event(_error_from_answer(500, body))
+            return
+        if not (
+            isinstance(response, dict)
+            and isinstance(response.get("id"), str)
+            and isinstance(response.get("output", []), list)
+        ):
             await self.sink.event(
                 server_error("The handler answered with neither an event stream nor a response.")
             )

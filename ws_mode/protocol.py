@@ -42,6 +42,7 @@ class ProtocolError(Exception):
         status: int = 400,
         type: str = "invalid_request_error",
         stream_id: str | None = None,
+        on_lane: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -50,6 +51,9 @@ class ProtocolError(Exception):
         self.status = status
         self.type = type
         self.stream_id = stream_id
+        #: The refusal belongs to a create's lane (`stream_id`, None for the default lane) and
+        #: is answered in that lane's order.
+        self.on_lane = on_lane
 
     def event(self) -> dict[str, Any]:
         """The error event for this refusal."""
@@ -193,7 +197,9 @@ def _parse_create(data: dict[str, Any]) -> CreateEvent:
     try:
         create = _Create.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, stream_id) from None
+        error = _validation_error(exc, stream_id)
+        error.on_lane = True
+        raise error from None
     if create.background:
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
@@ -201,6 +207,7 @@ def _parse_create(data: dict[str, Any]) -> CreateEvent:
             code="unsupported_parameter",
             param="background",
             stream_id=stream_id,
+            on_lane=True,
         )
     raw_input = data.get("input")
     if isinstance(raw_input, str):
@@ -282,20 +289,29 @@ def _json_type(value: object) -> str:
 STEER_MESSAGES = {
     "invalid_input": "The steering input is invalid: {detail}",
     "response_not_found": "Response with id '{id}' is not available on this connection.",
-    "steering_not_supported": "The handler behind this server cannot steer active responses.",
+    "steering_not_supported": "The handler behind this server cannot steer responses.",
 }
 
 
 def steer_failed_event(
-    code: str, previous_response_id: str, input: Any, message: str
+    code: str,
+    previous_response_id: str,
+    input: Any,
+    message: str,
+    *,
+    stream_id: str | None = None,
 ) -> dict[str, Any]:
-    """A `response.steer.failed` event returning the uncommitted input to the client."""
-    return {
+    """A `response.steer.failed` event returning the uncommitted input to the client; it
+    carries the target response's lane when that is known."""
+    event: dict[str, Any] = {
         "type": "response.steer.failed",
         "sequence_number": 0,
         "error": {"type": "invalid_request_error", "code": code, "message": message},
         "steer": {"previous_response_id": previous_response_id, "input": input},
     }
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event
 
 
 _STEER_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})

@@ -9,6 +9,7 @@ advance the cache before the client hears the response finished.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,6 +49,7 @@ class ResponseStream:
     __slots__ = (
         "_output_items",
         "_prefix",
+        "ended",
         "finished",
         "on_failed",
         "on_finished",
@@ -73,6 +75,8 @@ class ResponseStream:
         self.on_finished = on_finished
         self.on_failed = on_failed
         self.finished = False
+        #: Set when the response ended (`finished`), for whoever waits on it.
+        self.ended = asyncio.Event()
         self.succeeded = False
         self.response_id: str | None = None
         self._output_items: dict[int, dict[str, Any]] = {}
@@ -142,6 +146,7 @@ class ResponseStream:
 
     def _succeed(self, response: Any, size: int) -> None:
         self.finished = True
+        self.ended.set()
         if not isinstance(response, dict) or not isinstance(response.get("id"), str):
             logger.warning("a terminal event had no response id; the response is not cached")
             return
@@ -154,6 +159,7 @@ class ResponseStream:
 
     def _fail(self) -> None:
         self.finished = True
+        self.ended.set()
         self.on_failed()
 
 

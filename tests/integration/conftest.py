@@ -1,0 +1,31 @@
+"""Fixtures: one server per ASGI server implementation for the whole session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.servers import SERVERS, serve
+
+from .apps import create_app
+from .clients import Server, new_tag
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """The integration app under a real server; every scenario runs on each server."""
+    app = create_app()
+    with serve(app.asgi, request.param) as base_url:
+        yield Server(name=request.param, base_url=base_url, recorder=app.recorder)
+
+
+@pytest.fixture
+def tag() -> str:
+    """A tag of this test's calls in the recorder (`metadata.tag`)."""
+    return new_tag()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
