@@ -55,7 +55,9 @@ class CommandError(Exception):
 # ----------------------------------------------------------------------------- arguments
 
 
-def _number(kind: type[int] | type[float], minimum: float, *, strict: bool = False) -> Any:
+def _number(
+    kind: type[int] | type[float], minimum: float, *, strict: bool = False
+) -> Callable[[str], Any]:
     """An argparse type: a number of ``kind`` that is >= ``minimum`` (> when ``strict``)."""
 
     def parse(text: str) -> int | float:
@@ -406,14 +408,16 @@ def _demo(args: argparse.Namespace) -> int:
                     tool_output_bytes=args.tool_output_bytes,
                     metadata={"reference_tool_calls": str(warm_up - 1)},
                 )
-            with _progress(console, enabled=tty and not args.no_progress) as advance:
+            names = [mode.name for mode in modes]
+            enabled = tty and not args.no_progress
+            with _progress(console, names, turns, enabled=enabled) as callbacks:
                 for mode in modes:
                     stats.reset()
                     result = mode.run(
                         base_url,
                         turns=turns,
                         tool_output_bytes=args.tool_output_bytes,
-                        on_turn=advance(mode.name, turns),
+                        on_turn=callbacks[mode.name],
                     )
                     measured.append(_Measured(mode, result, stats.bytes_parsed))
     except RolloutError as exc:
@@ -438,32 +442,33 @@ def _demo(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _progress(
-    console: Console, *, enabled: bool
-) -> Iterator[Callable[[str, int], TurnCallback | None]]:
-    """Yield a factory of per-mode turn callbacks: each mode gets a bar advancing per turn.
-    Disabled, the factory returns None (no callback)."""
+    console: Console, names: Sequence[str], turns: int, *, enabled: bool
+) -> Iterator[dict[str, TurnCallback | None]]:
+    """Yield a turn callback per mode name, each advancing that mode's progress bar (all bars
+    shown from the start). Disabled, every callback is None."""
     if not enabled:
-        yield lambda name, total: None
+        yield dict.fromkeys(names)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    width = max(len(name) for name in names)
     with Progress(
-        TextColumn("{task.description:<10}"),
+        TextColumn(f"{{task.description:<{width}}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("turns"),
         console=console,
     ) as progress:
 
-        def bar(name: str, total: int) -> TurnCallback:
-            task = progress.add_task(name, total=total)
+        def advancing(name: str) -> TurnCallback:
+            task = progress.add_task(name, total=turns)
 
             def advance(turn: int, seconds: float) -> None:
                 progress.update(task, completed=turn)
 
             return advance
 
-        yield bar
+        yield {name: advancing(name) for name in names}
 
 
 def _format_seconds(seconds: float) -> str:
@@ -494,11 +499,12 @@ def _table(measured: Sequence[_Measured], turns: int) -> Table:
         title=f"One agent rollout: {turns} turns, {turns - 1} tool calls",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
         caption="early / late turn: median time of the first / last 3 turns (send to terminal "
         "event); sent: bytes the client sent; parsed: request bytes the handler parsed",
         caption_justify="left",
     )
-    table.add_column("mode")
+    table.add_column("mode", no_wrap=True)
     headers = ("total", "early\nturn", "late\nturn", "sent", "parsed", "time\n/HTTP", "sent\n/HTTP")
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
@@ -536,20 +542,24 @@ def _summary(measured: Sequence[_Measured]) -> list[str]:
         _ratio(always.total_seconds, http.total_seconds),
         _ratio(on_miss.total_seconds, http.total_seconds),
     )
-    took = f"{ratios[0]:.2f}x (always) and {ratios[1]:.2f}x (on_miss) the time of HTTP"
+    timing = (
+        f"End to end the socket took {ratios[0]:.2f}x (always) and {ratios[1]:.2f}x (on_miss) "
+        "the time of HTTP"
+    )
     if max(ratios) < 0.9:
-        timing = (
-            f"End to end the socket was faster: it took {took}, while HTTP's turns went from "
-            f"{_format_seconds(http.early_median())} to {_format_seconds(http.late_median())} "
-            "as the history grew."
-        )
-    elif min(ratios) > 1.1:
-        timing = f"End to end the socket was slower here: it took {took}."
+        early, late = http.early_median(), http.late_median()
+        if late > 1.2 * early:
+            timing += (
+                f", while HTTP's turns slowed from {_format_seconds(early)} to "
+                f"{_format_seconds(late)} as the history grew."
+            )
+        else:
+            timing += "."
     else:
-        timing = (
-            f"End to end the times are close ({took}): re-sending a "
-            f"{_format_bytes(http.turn_bytes[-1])} history costs HTTP little on loopback; the gap "
-            "grows with the history (try --turns 60 --tool-output-bytes 32768)."
+        timing += (
+            f": re-sending a {_format_bytes(http.turn_bytes[-1])} history costs HTTP little on "
+            "loopback and one short rollout is noisy; the gap grows with the history "
+            "(try --turns 60 --tool-output-bytes 32768)."
         )
     lines.append(
         timing + " All three modes got the same answer, so the model saw the same context."

@@ -186,7 +186,9 @@ class _Agent:
         model answered."""
         result = self.result
         response_id = response.get("id")
-        result.response_ids.append(response_id if isinstance(response_id, str) else "")
+        if not isinstance(response_id, str) or not response_id:
+            raise RolloutError(f"turn {result.turns}: the response has no id")
+        result.response_ids.append(response_id)
         output = response.get("output")
         if not isinstance(output, list):
             raise RolloutError(f"turn {result.turns}: the response has no output list")
@@ -252,7 +254,7 @@ def _terminal_response(event: dict[str, Any], turn: int) -> dict[str, Any]:
     return response
 
 
-def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+def _sse_events(lines: Iterator[str], turn: int) -> Iterator[dict[str, Any]]:
     """Decode an SSE stream's `data:` payloads (events are one `data:` line each)."""
     data: list[str] = []
     for line in lines:
@@ -262,9 +264,22 @@ def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
             payload = "\n".join(data)
             data.clear()
             if payload != "[DONE]":
-                yield orjson.loads(payload)
+                yield _loads(payload, turn)
     if data and data[0] != "[DONE]":
-        yield orjson.loads("\n".join(data))
+        yield _loads("\n".join(data), turn)
+
+
+def _loads(payload: str | bytes, turn: int) -> dict[str, Any]:
+    """One server event, decoded; RolloutError when it is not a JSON object."""
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise RolloutError(
+            f"turn {turn}: the server sent an event that is not JSON: {exc}"
+        ) from None
+    if not isinstance(event, dict):
+        raise RolloutError(f"turn {turn}: the server sent an event that is not a JSON object")
+    return event
 
 
 def run_http(
@@ -355,7 +370,7 @@ def _post_turn(
         finished_at = 0.0
         # Read the whole stream (nothing follows the terminal event, normally) so the
         # connection goes back to the pool; the turn's time stops at the terminal event.
-        for event in _sse_events(answer.iter_lines()):
+        for event in _sse_events(answer.iter_lines(), turn):
             if terminal is None and event.get("type") in TERMINAL_EVENTS:
                 finished_at = time.perf_counter()
                 terminal = event
@@ -416,13 +431,13 @@ def run_socket(
             }
             while True:
                 turn = result.turns + 1
-                frame = orjson.dumps(message).decode()
+                frame = orjson.dumps(message)
                 sent_at = time.perf_counter()
-                socket.send(frame)
+                socket.send(frame.decode())  # a text frame, as the protocol requires
                 response = _receive_turn(socket, turn, timeout)
                 elapsed = time.perf_counter() - sent_at
                 result.turn_seconds.append(elapsed)
-                result.turn_bytes.append(len(frame.encode()))
+                result.turn_bytes.append(len(frame))
                 if on_turn is not None:
                     on_turn(turn, elapsed)
                 outputs = agent.step(response)
@@ -433,7 +448,7 @@ def run_socket(
                 message = {
                     "type": "response.create",
                     **fields,
-                    "previous_response_id": response["id"],
+                    "previous_response_id": result.response_ids[-1],
                     "input": outputs,
                 }
     except ConnectionClosed as exc:
@@ -452,9 +467,6 @@ def run_socket(
 def _receive_turn(socket: Connection, turn: int, timeout: float) -> dict[str, Any]:
     """Read events up to this turn's terminal one."""
     while True:
-        frame = socket.recv(timeout=timeout)
-        event = orjson.loads(frame)
-        if not isinstance(event, dict):
-            raise RolloutError(f"turn {turn}: the server sent a frame that is not a JSON object")
+        event = _loads(socket.recv(timeout=timeout), turn)
         if event.get("type") in TERMINAL_EVENTS:
             return _terminal_response(event, turn)
