@@ -49,6 +49,7 @@ class CachedResponse:
         "output_fragment",
         "output_items",
         "parent",
+        "remote",
         "response",
         "size",
         "stream_id",
@@ -68,12 +69,16 @@ class CachedResponse:
         artifacts: dict[str, Any] | None = None,
         input_fragment: bytes | None = None,
         size: int | None = None,
+        remote: bool = False,
     ) -> None:
         self.id = id
         self.response = response
         self.input_items = input_items
         self.output_items = output_items
         self.parent = parent
+        #: The conversation before this response is held by the handler (an upstream that
+        #: stores responses), not here: continuations pass `previous_response_id` on.
+        self.remote: bool = remote or (parent is not None and parent.remote)
         self.stream_id = stream_id
         self.tools_digest = tools_digest
         self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}

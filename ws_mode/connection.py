@@ -265,11 +265,14 @@ class Connection:
 
     async def _run_turn(self, create: CreateEvent) -> None:
         previous: CachedResponse | None = None
+        forwarded = False
         if create.previous_response_id is not None:
             previous = self.cache.get(create.previous_response_id)
             if previous is None:
-                await self.send_event(_not_found(create))
-                return
+                if self.settings.on_cache_miss != "forward":
+                    await self.send_event(_not_found(create))
+                    return
+                forwarded = True  # the handler resolves the id itself
         digest = tools_digest(create.tools)
         renderer = self.settings.renderer
         current = Turn(
@@ -278,7 +281,7 @@ class Connection:
             stream_id=create.stream_id,
             tools_digest=digest,
             generate=create.generate,
-            full_context=previous is None or self.settings.full_context == "always",
+            full_context=_full_context(self.settings.full_context, previous, forwarded),
             tool_artifacts=self._tool_artifacts_for(digest),
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
         )
@@ -299,6 +302,7 @@ class Connection:
                 tools_digest=digest,
                 artifacts=current.artifacts,
                 input_fragment=new_fragment,
+                remote=forwarded,
             )
             self._remember(node, current, output)
             self._after_response(node, current, response)
@@ -459,6 +463,13 @@ class Connection:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
+    """Whether a turn's request carries the whole context in `input`."""
+    if previous is None:
+        return not forwarded
+    return mode == "always" and not previous.remote
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -23,6 +23,7 @@ __all__ = ["FullContext", "ResponseHook", "Settings", "WebSocketModeMiddleware"]
 logger = logging.getLogger(__name__)
 
 FullContext = Literal["always", "on_miss"]
+CacheMiss = Literal["error", "forward"]
 
 #: Called after each finished response with its Turn and the terminal response object, off the
 #: path of the next turn (accounting, logging). May be a coroutine function.
@@ -40,6 +41,7 @@ class Settings:
     limits: Limits
     renderer: Renderer | None = None
     on_response: ResponseHook | None = None
+    on_cache_miss: CacheMiss = "error"
 
 
 class WebSocketModeMiddleware:
@@ -56,7 +58,9 @@ class WebSocketModeMiddleware:
     `renderer` renders items to token ids: each turn's new items are rendered once, the tokens
     are kept on the cached response, and the Turn hands the prefix's tokens to the handler.
     `on_response(turn, response)` runs after each finished response, never delaying the next
-    turn.
+    turn. `on_cache_miss="forward"` sends a create whose `previous_response_id` is not cached
+    on to the handler as the client sent it, for handlers (upstreams) that store responses
+    themselves; the default `"error"` answers `previous_response_not_found`.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class WebSocketModeMiddleware:
         limits: Limits | None = None,
         renderer: Renderer | None = None,
         on_response: ResponseHook | None = None,
+        on_cache_miss: CacheMiss = "error",
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
@@ -80,6 +85,8 @@ class WebSocketModeMiddleware:
             )
         if full_context not in ("always", "on_miss"):
             raise ConfigError(f"full_context must be 'always' or 'on_miss', got {full_context!r}.")
+        if on_cache_miss not in ("error", "forward"):
+            raise ConfigError(f"on_cache_miss must be 'error' or 'forward', got {on_cache_miss!r}.")
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
@@ -96,6 +103,7 @@ class WebSocketModeMiddleware:
             limits=limits,
             renderer=renderer,
             on_response=on_response,
+            on_cache_miss=on_cache_miss,
         )
         self.connections = 0
 

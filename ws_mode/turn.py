@@ -133,12 +133,16 @@ def build_body(
 ) -> bytes:
     """The HTTP request body of one turn.
 
-    Fresh chains forward the client's input as sent. Continuations either carry the whole
+    Fresh chains (and uncached parents forwarded to the handler) carry the client's fields
+    and input as sent. Continuations either carry the whole
     context, assembled by joining the cached nodes' encoded fragments with the new items
     (`full_context`), or only the new items and `previous_response_id`.
     """
     if previous is None:
         fields = dict(create.fields)
+        if create.previous_response_id is not None:
+            # An uncached parent forwarded to a handler that stores responses itself.
+            fields["previous_response_id"] = create.previous_response_id
         if create.raw_input is not None:
             fields["input"] = create.raw_input
         return orjson.dumps(fields)
