@@ -211,7 +211,18 @@ def test_full_context_body_is_the_chain_then_the_new_items(
         "input": new if new is not None else [],
     }
 
-    fresh = orjson.loads(build_body(event, None, full_context=True))
+    # An uncached parent forwarded to the handler: the client's fields and input as sent.
+    forwarded = orjson.loads(build_body(event, None, full_context=False))
+    assert forwarded == {
+        **event.fields,
+        "previous_response_id": leaf.id,
+        **({"input": new} if new is not None else {}),
+    }
+
+    fresh_event = create(
+        **{key: value for key, value in sent.items() if key != "previous_response_id"}
+    )
+    fresh = orjson.loads(build_body(fresh_event, None, full_context=True))
     assert fresh == {**event.fields, **({"input": new} if new is not None else {})}
 
 
