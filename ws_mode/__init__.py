@@ -4,6 +4,7 @@ from ws_mode import WebSocketModeMiddleware
 app.add_middleware(WebSocketModeMiddleware)
 """
 
+from .auth import AuthenticationFailed, Authenticator, bearer_token
 from .cache import CachedResponse
 from .errors import ConfigError, WSModeError
 from .limits import Limits
@@ -12,6 +13,8 @@ from .tokens import Renderer, Tokens
 from .turn import Turn, turn
 
 __all__ = [
+    "AuthenticationFailed",
+    "Authenticator",
     "CachedResponse",
     "ConfigError",
     "Limits",
@@ -22,6 +25,7 @@ __all__ = [
     "WSModeError",
     "WebSocketModeMiddleware",
     "__version__",
+    "bearer_token",
     "turn",
 ]
 

@@ -83,13 +83,18 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._closed = False
         self._headers = handler_headers(scope)
+        self.principal: Any = None
         self._handler_path = scope.get("root_path", "") + settings.handler_path
 
     # The socket.
 
-    async def run(self) -> None:
+    async def run(self, *, principal: Any = None, subprotocol: str | None = None) -> None:
         """Accept the socket and serve it; return when it is closed."""
-        await self._send({"type": "websocket.accept"})
+        self.principal = principal
+        accept: dict[str, Any] = {"type": "websocket.accept"}
+        if subprotocol is not None:
+            accept["subprotocol"] = subprotocol
+        await self._send(accept)
         deadline = asyncio.get_running_loop().time() + self.limits.max_connection_seconds
         try:
             while True:
@@ -283,6 +288,7 @@ class Connection:
             generate=create.generate,
             full_context=_full_context(self.settings.full_context, previous, forwarded),
             tool_artifacts=self._tool_artifacts_for(digest),
+            principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
         )
         new_fragment = encode_items(create.new_input)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
@@ -42,6 +44,7 @@ class Settings:
     renderer: Renderer | None = None
     on_response: ResponseHook | None = None
     on_cache_miss: CacheMiss = "error"
+    subprotocols: tuple[str, ...] = ()
 
 
 class WebSocketModeMiddleware:
@@ -61,6 +64,12 @@ class WebSocketModeMiddleware:
     turn. `on_cache_miss="forward"` sends a create whose `previous_response_id` is not cached
     on to the handler as the client sent it, for handlers (upstreams) that store responses
     themselves; the default `"error"` answers `previous_response_not_found`.
+
+    `authenticate(scope)` runs before a socket is accepted: it returns the principal the
+    turns carry (`Turn.principal`) or raises `AuthenticationFailed` (401/403). `subprotocols`
+    lists the subprotocols the server speaks: the first one the client offers is selected
+    (browsers that offer subprotocols need one back). `enabled=False` (settable at run time)
+    answers upgrades with 426 so clients fall back to HTTP.
     """
 
     def __init__(
@@ -74,6 +83,9 @@ class WebSocketModeMiddleware:
         renderer: Renderer | None = None,
         on_response: ResponseHook | None = None,
         on_cache_miss: CacheMiss = "error",
+        authenticate: Authenticator | None = None,
+        subprotocols: Sequence[str] = (),
+        enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
@@ -87,11 +99,18 @@ class WebSocketModeMiddleware:
             raise ConfigError(f"full_context must be 'always' or 'on_miss', got {full_context!r}.")
         if on_cache_miss not in ("error", "forward"):
             raise ConfigError(f"on_cache_miss must be 'error' or 'forward', got {on_cache_miss!r}.")
+        if isinstance(subprotocols, str) or not all(isinstance(p, str) for p in subprotocols):
+            raise ConfigError(f"subprotocols must be a sequence of strings, got {subprotocols!r}.")
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a ws_mode.Limits, got {type(limits).__name__}.")
-        for name, hook in (("renderer", renderer), ("on_response", on_response)):
+        hooks = (
+            ("renderer", renderer),
+            ("on_response", on_response),
+            ("authenticate", authenticate),
+        )
+        for name, hook in hooks:
             if hook is not None and not callable(hook):
                 raise ConfigError(f"{name} must be callable or None, got {hook!r}.")
         self.app = app
@@ -104,7 +123,11 @@ class WebSocketModeMiddleware:
             renderer=renderer,
             on_response=on_response,
             on_cache_miss=on_cache_miss,
+            subprotocols=tuple(subprotocols),
         )
+        self.authenticate = authenticate
+        #: Switch WebSocket mode off (upgrades answered 426) or on again, at run time.
+        self.enabled = enabled
         self.connections = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,14 +137,57 @@ class WebSocketModeMiddleware:
         message = await receive()
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
+        if not self.enabled:
+            await _deny(
+                scope,
+                send,
+                426,
+                "websocket_mode_disabled",
+                "WebSocket mode is switched off on this server; use the HTTP API.",
+            )
+            return
         if self.connections >= self.settings.limits.max_connections:
-            await self._deny(scope, send)
+            logger.warning("refusing a WebSocket mode connection: %d are open", self.connections)
+            await _deny(
+                scope,
+                send,
+                426,
+                "websocket_connection_limit_reached",
+                f"This server already serves {self.connections} WebSocket mode "
+                "connections; use the HTTP API or retry later.",
+            )
             return
         self.connections += 1
         try:
-            await Connection(self.settings, scope, receive, send).run()
+            principal = await self._authenticate(scope, send)
+            if principal is _REFUSED:
+                return
+            subprotocol = next(
+                (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
+            )
+            await Connection(self.settings, scope, receive, send).run(
+                principal=principal, subprotocol=subprotocol
+            )
         finally:
             self.connections -= 1
+
+    async def _authenticate(self, scope: Scope, send: Send) -> Any:
+        if self.authenticate is None:
+            return None
+        try:
+            principal = self.authenticate(scope)
+            if inspect.isawaitable(principal):
+                principal = await principal
+        except AuthenticationFailed as exc:
+            code = "invalid_api_key" if exc.status == 401 else "forbidden"
+            headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+            await _deny(scope, send, exc.status, code, exc.message, headers=headers)
+            return _REFUSED
+        except Exception:
+            logger.exception("the authenticate hook failed")
+            await _deny(scope, send, 500, "server_error", "Authentication failed on the server.")
+            return _REFUSED
+        return principal
 
     def _is_socket_path(self, scope: Scope) -> bool:
         path: str = scope["path"]
@@ -131,32 +197,35 @@ class WebSocketModeMiddleware:
         wanted = self.settings.path
         return path == wanted or (bool(root_path) and path == root_path + wanted)
 
-    async def _deny(self, scope: Scope, send: Send) -> None:
-        """Refuse the upgrade: 426 lets clients such as Codex fall back to HTTP."""
-        limit = self.settings.limits.max_connections
-        logger.warning("refusing a WebSocket mode connection: %d are open", limit)
-        if "websocket.http.response" not in scope.get("extensions", {}):
-            await send({"type": "websocket.close", "code": 1013})
-            return
-        body = orjson.dumps(
-            {
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "websocket_connection_limit_reached",
-                    "message": f"This server already serves {limit} WebSocket mode "
-                    "connections; use the HTTP API or retry later.",
-                    "param": None,
-                }
-            }
-        )
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": 426,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
+
+_REFUSED = object()
+
+
+async def _deny(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
+    response extension; servers without it get a close before accept (they answer 403)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
+        return
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = orjson.dumps({"error": {"type": kind, "code": code, "message": message, "param": None}})
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})

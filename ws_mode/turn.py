@@ -41,6 +41,7 @@ class Turn:
         "prefix_tokens",
         "previous",
         "previous_response_id",
+        "principal",
         "stream_id",
         "tool_artifacts",
         "tools_changed",
@@ -58,6 +59,7 @@ class Turn:
         full_context: bool = True,
         tool_artifacts: dict[str, Any] | None = None,
         new_tokens: list[int] | None = None,
+        principal: Any = None,
     ) -> None:
         self.previous = previous
         self.new_input = new_input
@@ -71,6 +73,8 @@ class Turn:
         self.artifacts: dict[str, Any] = {}
         self.tool_artifacts: dict[str, Any] = tool_artifacts if tool_artifacts is not None else {}
         self.new_tokens = new_tokens
+        #: What the middleware's `authenticate` hook returned for this connection.
+        self.principal = principal
         self.prefix_tokens: Tokens | None = None
         if new_tokens is not None:
             prefix = previous.tokens if previous is not None else None
