@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level"
     )
     serve.set_defaults(run=_serve)
+    _add_proxy_command(commands)
 
     demo = commands.add_parser(
         "demo",
@@ -277,6 +278,121 @@ def _serve(args: argparse.Namespace) -> int:
             raise CommandError(f"the server could not start on {host}:{args.port}") from None
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it shut down for
+    return 0
+
+
+# ----------------------------------------------------------------------------- proxy
+
+UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+
+
+def _add_proxy_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    proxy = commands.add_parser(
+        "proxy",
+        help="give WebSocket mode to a remote HTTP Responses server",
+        description="Forward every HTTP request to an upstream Responses server (vLLM, Ollama, "
+        "LiteLLM, OpenAI), streaming both ways, with WebSocket mode at "
+        "ws://HOST:PORT/v1/responses in front. See docs/proxy.md.",
+    )
+    proxy.add_argument(
+        "--upstream",
+        required=True,
+        metavar="URL",
+        help="the upstream's base URL, like the openai SDK's base_url: "
+        "http://localhost:8000/v1 stands for the client's /v1",
+    )
+    proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    proxy.add_argument(
+        "--port", type=_port, default=8000, help="port to bind, 0 for any (default: %(default)s)"
+    )
+    proxy.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"send 'Authorization: Bearer KEY' upstream instead of the client's own "
+        f"(default: ${UPSTREAM_KEY_ENV}, else the client's header passes through)",
+    )
+    proxy.add_argument(
+        "--full-context",
+        choices=("always", "on_miss"),
+        default="always",
+        help="send the upstream the whole history on every turn (always), or only the new "
+        "items plus previous_response_id when the parent is cached (on_miss: only for "
+        "upstreams that store responses) (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--forward-uncached",
+        action="store_true",
+        help="forward a previous_response_id the socket has not cached to the upstream, to "
+        "resolve from its own store, instead of answering previous_response_not_found",
+    )
+    proxy.add_argument(
+        "--timeout",
+        type=_number(float, 0, strict=True),
+        default=600.0,
+        help="seconds to wait for the upstream on each read (default: %(default)g)",
+    )
+    proxy.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level"
+    )
+    proxy.set_defaults(run=_proxy)
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import os
+
+    import httpx
+    import uvicorn
+
+    from .errors import ConfigError
+    from .proxy import create_proxy
+
+    api_key: str | None = args.api_key or os.environ.get(UPSTREAM_KEY_ENV) or None
+    try:
+        upstream = create_proxy(
+            args.upstream,
+            api_key=api_key,
+            timeout=httpx.Timeout(args.timeout, connect=min(args.timeout, 10.0)),
+        )
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    limits = Limits()
+    app = WebSocketModeMiddleware(
+        upstream,
+        full_context=args.full_context,
+        on_cache_miss="forward" if args.forward_uncached else "error",
+        limits=limits,
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        ws_max_size=limits.max_message_bytes + WS_MARGIN,
+    )
+    host = _url_host(args.host)
+    auth = "the configured key" if api_key else "the client's Authorization"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.started:
+                return
+            origin = f"{host}:{_bound_port(self, args.port)}"
+            print(
+                f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
+                f"{upstream.describe()} with {auth}; openai SDK: "
+                f'OpenAI(base_url="http://{origin}/v1")',
+                flush=True,
+            )
+
+    try:
+        Server(config).run()
+    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
+        if exc.code:
+            raise CommandError(f"the proxy could not start on {host}:{args.port}") from None
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
