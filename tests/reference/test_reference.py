@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import re
 import time
@@ -19,8 +20,18 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 from starlette.testclient import TestClient
 
-from ws_mode.reference import ReferenceConfig, ReferenceStats, context_digest, create_app, script
-from ws_mode.reference.model import text_deltas, tool_calls_since_user
+from ws_mode.cache import CachedResponse
+from ws_mode.reference import (
+    ReferenceConfig,
+    ReferenceStats,
+    ReferenceTokenizer,
+    context_digest,
+    create_app,
+    render_items,
+    script,
+)
+from ws_mode.reference.model import output_tokens, text_deltas, tool_calls_since_user
+from ws_mode.turn import Turn
 
 # The SDK's event union has no pydantic discriminator: pick each event's model by its type.
 STREAM_EVENTS: dict[str, type[BaseModel]] = {
@@ -168,6 +179,9 @@ def test_argument_padding_and_answer_length() -> None:
         ({"tokens_per_second": float("inf")}, "tokens_per_second"),
         ({"tokens_per_second": float("nan")}, "tokens_per_second"),
         ({"tokens_per_second": "fast"}, "tokens_per_second"),
+        ({"time_to_first_token": -0.1}, "time_to_first_token"),
+        ({"time_to_first_token": float("nan")}, "time_to_first_token"),
+        ({"time_to_first_token": None}, "time_to_first_token"),
     ],
 )
 def test_config_validation(kwargs: dict[str, Any], field: str) -> None:
@@ -289,8 +303,10 @@ def test_json_answer(client: TestClient) -> None:
     assert data["error"] is None
     assert data["output"] == script([USER], "Be brief.", TOOLS, ReferenceConfig(tool_calls=2))
     usage = data["usage"]
-    assert usage["input_tokens"] == 8  # six words of input, two of instructions
-    assert usage["output_tokens"] > 0
+    # The rendered input message, then the instructions, with the reference tokenizer.
+    tokenizer = ReferenceTokenizer()
+    assert usage["input_tokens"] == len(render_items([USER])) + len(tokenizer.encode("Be brief."))
+    assert usage["output_tokens"] == output_tokens(data["output"][0]) > 0
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
@@ -376,7 +392,9 @@ def test_sse_text_answer(client: TestClient) -> None:
     assert text == item["content"][0]["text"] == events[-4]["text"]
     assert events[-3]["part"] == item["content"][0]
     assert events[-2]["item"] == item
-    assert completed["usage"]["output_tokens"] == len(deltas)
+    # Real tokens: the answer's text, tokenized (more tokens than words: it holds a hex digest).
+    produced = completed["usage"]["output_tokens"]
+    assert produced == len(ReferenceTokenizer().encode(text)) > len(deltas)
     # The stream carries the same output as the JSON answer.
     json_body = {key: value for key, value in body.items() if key != "stream"}
     assert client.post("/v1/responses", json=json_body).json()["output"] == completed["output"]
@@ -456,22 +474,11 @@ def test_previous_response_id_without_a_turn(client: TestClient) -> None:
     assert message == "Previous response with id 'resp_1' not found."
 
 
-class FakeTurn:
-    """What the server reads of a ws_mode Turn."""
-
-    def __init__(self, previous: object | None, history: list[dict[str, Any]]) -> None:
-        self.previous = previous
-        self._history = history
-
-    def history(self) -> list[dict[str, Any]]:
-        return list(self._history)
-
-
-def install_turn(monkeypatch: pytest.MonkeyPatch, found: FakeTurn | None) -> list[object]:
+def install_turn(monkeypatch: pytest.MonkeyPatch, found: Turn | None) -> list[object]:
     """Make `ws_mode.turn.turn` return `found`; return the arguments it gets called with."""
     calls: list[object] = []
 
-    def fake(request_or_scope: object) -> FakeTurn | None:
+    def fake(request_or_scope: object) -> Turn | None:
         calls.append(request_or_scope)
         return found
 
@@ -489,7 +496,12 @@ def test_previous_response_id_uses_the_turn_history(monkeypatch: pytest.MonkeyPa
         history = [USER, call, call_output(call)]
         over_http = test_client.post("/v1/responses", json={"input": history}).json()
 
-        calls = install_turn(monkeypatch, FakeTurn(previous=object(), history=history))
+        # A parent without the server's artifacts (made elsewhere): the whole history is used.
+        parent = CachedResponse(
+            id=first["id"], response=first, input_items=[USER], output_items=[call], parent=None
+        )
+        found = Turn(previous=parent, new_input=[call_output(call)], full_context=False)
+        calls = install_turn(monkeypatch, found)
         app.state.reference_stats.reset()
         body = {"input": [call_output(call)], "previous_response_id": first["id"]}
         raw = orjson.dumps(body)
@@ -497,13 +509,21 @@ def test_previous_response_id_uses_the_turn_history(monkeypatch: pytest.MonkeyPa
     assert len(calls) == 1
     assert continued["previous_response_id"] == first["id"]
     assert continued["output"] == over_http["output"]
+    assert continued["usage"] == over_http["usage"]
     assert continued["output"][0]["type"] == "message"
     stats = app.state.reference_stats
-    assert (stats.requests, stats.bytes_parsed, stats.items_seen) == (1, len(raw), 3)
+    assert (stats.requests, stats.bytes_parsed, stats.items_seen, stats.resumed) == (
+        1,
+        len(raw),
+        3,
+        0,
+    )
+    # The turn now carries what the next one resumes from.
+    assert set(found.artifacts) == {"ws_mode.reference"}
 
 
 def test_turn_without_a_previous_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
-    install_turn(monkeypatch, FakeTurn(previous=None, history=[USER]))
+    install_turn(monkeypatch, Turn(previous=None, new_input=[USER]))
     with TestClient(create_app()) as test_client:
         reply = test_client.post(
             "/v1/responses", json={"input": [USER], "previous_response_id": "resp_2"}
@@ -541,7 +561,15 @@ def test_per_request_tool_call_override(client: TestClient) -> None:
 def test_stats(client: TestClient) -> None:
     stats = client.app.state.reference_stats  # type: ignore[attr-defined]
     assert isinstance(stats, ReferenceStats)
-    assert stats.snapshot() == {"requests": 0, "bytes_parsed": 0, "items_seen": 0}
+    zero = {
+        "requests": 0,
+        "bytes_parsed": 0,
+        "items_seen": 0,
+        "tokens_rendered": 0,
+        "resumed": 0,
+        "cpu_seconds": 0.0,
+    }
+    assert stats.snapshot() == zero
     bodies = [
         orjson.dumps({"input": [USER, USER, USER]}),
         orjson.dumps({"input": "hello", "stream": True}),
@@ -552,8 +580,12 @@ def test_stats(client: TestClient) -> None:
     assert stats.requests == 3
     assert stats.bytes_parsed == sum(len(raw) for raw in bodies)
     assert stats.items_seen == 4
+    hello = {"role": "user", "content": "hello"}
+    assert stats.tokens_rendered == len(render_items([USER, USER, USER, hello]))
+    assert stats.resumed == 0
+    assert stats.cpu_seconds > 0
     stats.reset()
-    assert stats.snapshot() == {"requests": 0, "bytes_parsed": 0, "items_seen": 0}
+    assert stats.snapshot() == zero
     assert "requests=0" in repr(stats)
 
 
@@ -583,28 +615,39 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return recorded
 
 
+def streamed_tokens(body: bytes) -> int:
+    """The output tokens of a streamed response."""
+    produced: int = check_stream(body)[-1]["response"]["usage"]["output_tokens"]
+    return produced
+
+
 def test_streaming_is_paced(sleeps: list[float]) -> None:
     config = ReferenceConfig(tool_calls=0, answer_tokens=20, tokens_per_second=200)
     with TestClient(create_app(config)) as test_client:
         started = time.monotonic()
         reply = test_client.post("/v1/responses", json={"input": "hi", "stream": True})
         elapsed = time.monotonic() - started
-    check_stream(reply.content)
-    assert elapsed >= 20 / 200 - 0.002
-    assert 10 <= len(sleeps) <= 20
+    # Paced by real output tokens: more than the 20 words (the answer holds a hex digest).
+    produced = streamed_tokens(reply.content)
+    assert produced > 20
+    assert elapsed >= produced / 200 - 0.002
+    assert 10 <= len(sleeps) <= 20  # at most one sleep per delta
+    assert sum(sleeps) == pytest.approx(produced / 200, abs=0.02)
 
 
 def test_fast_rates_batch_their_sleeps(sleeps: list[float]) -> None:
-    # 1,000 tokens at 20,000 tokens/s: 50 ms of pacing at a 50 us interval per token.
+    # Over 1,000 tokens at 20,000 tokens/s: 50+ ms of pacing at a 50 us interval per token.
     config = ReferenceConfig(tool_calls=0, answer_tokens=1000, tokens_per_second=20_000)
     with TestClient(create_app(config)) as test_client:
         started = time.monotonic()
         reply = test_client.post("/v1/responses", json={"input": "hi", "stream": True})
         elapsed = time.monotonic() - started
     assert len(check_stream(reply.content)) == 1000 + 8
-    assert elapsed >= 1000 / 20_000 - 0.001
+    produced = streamed_tokens(reply.content)
+    assert produced >= 1000
+    assert elapsed >= produced / 20_000 - 0.001
     # Sleeping only when at least 1 ms is owed: at most one sleep per millisecond, not per token.
-    assert 1 <= len(sleeps) <= 51
+    assert 1 <= len(sleeps) <= produced // 20 + 1
     assert all(delay >= 0.001 for delay in sleeps)
 
 
@@ -616,14 +659,39 @@ def test_no_delay_by_default(sleeps: list[float]) -> None:
 
 
 def test_json_answer_is_paced(sleeps: list[float]) -> None:
-    config = ReferenceConfig(tool_calls=0, answer_tokens=10, tokens_per_second=100)
+    config = ReferenceConfig(tool_calls=0, answer_tokens=10, tokens_per_second=400)
     with TestClient(create_app(config)) as test_client:
         started = time.monotonic()
         reply = test_client.post("/v1/responses", json={"input": "hi"})
         elapsed = time.monotonic() - started
     assert reply.status_code == 200
-    assert sleeps == [pytest.approx(0.1)]
-    assert elapsed >= 0.1
+    produced = reply.json()["usage"]["output_tokens"]
+    assert sleeps == [pytest.approx(produced / 400)]
+    assert elapsed >= produced / 400
+
+
+def test_time_to_first_token(sleeps: list[float]) -> None:
+    config = ReferenceConfig(tool_calls=0, answer_tokens=5, time_to_first_token=0.05)
+    with TestClient(create_app(config)) as test_client:
+        started = time.monotonic()
+        reply = test_client.post("/v1/responses", json={"input": "hi", "stream": True})
+        elapsed = time.monotonic() - started
+        # Without a rate, the only pause is before the first delta.
+        assert sleeps == [pytest.approx(0.05, abs=0.002)]
+        assert elapsed >= 0.05
+        events = check_stream(reply.content)
+        assert [e["type"] for e in events[:4]] == TEXT_ORDER[:4]
+        sleeps.clear()
+        assert test_client.post("/v1/responses", json={"input": "hi"}).status_code == 200
+        assert sleeps == [pytest.approx(0.05)]
+
+    sleeps.clear()
+    paced = dataclasses.replace(config, tokens_per_second=1000)
+    with TestClient(create_app(paced)) as test_client:
+        reply = test_client.post("/v1/responses", json={"input": "hi", "stream": True})
+    # The first pause is the time to first token plus the first delta's tokens.
+    assert 0.05 < sleeps[0] < 0.05 + 0.02
+    assert sum(sleeps) == pytest.approx(0.05 + streamed_tokens(reply.content) / 1000, abs=0.01)
 
 
 # --- behind the real middleware -------------------------------------------------------------

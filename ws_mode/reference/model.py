@@ -10,22 +10,29 @@ the full history.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
+from ws_mode.reference._json import canonical_json
+from ws_mode.reference.tokenizer import default_tokenizer
+
 __all__ = [
     "DEFAULT_TOOL_NAME",
     "ReferenceConfig",
     "argument_chunks",
-    "argument_tokens",
     "context_digest",
-    "count_words",
+    "count_tool_calls",
+    "delta_tokens",
+    "finish_digest",
+    "fold_items",
     "output_tokens",
     "script",
+    "script_from_state",
     "text_deltas",
     "tool_calls_since_user",
 ]
@@ -53,9 +60,6 @@ _FILLER: Final = (
 )
 _PADDING_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
 _MAX_ARGUMENT_CHUNKS: Final = 4
-_CHARS_PER_TOKEN: Final = 4
-# Keys of structural (non-text) fields, left out of the word counts used for `usage`.
-_STRUCTURAL_KEYS: Final = frozenset({"type", "role", "id", "call_id", "status", "name"})
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -73,31 +77,54 @@ class ReferenceConfig:
         tool_calls: how many tool calls the model asks for, counted since the last user
             message, before it answers. A request can override it with
             ``metadata["reference_tool_calls"]`` (a string holding an int).
-        tokens_per_second: simulated generation speed; 0 means no delay at all.
+        tokens_per_second: simulated generation speed in output tokens (counted with the
+            reference tokenizer) per second; 0 means no delay at all.
         answer_tokens: words in the final answer (at least 1).
         argument_padding: extra filler characters in each tool call's arguments.
+        time_to_first_token: seconds slept before the first delta (0 = none).
     """
 
     tool_calls: int = 3
     tokens_per_second: float = 0.0
     answer_tokens: int = 40
     argument_padding: int = 0
+    time_to_first_token: float = 0.0
 
     def __post_init__(self) -> None:
         """Reject values the model cannot honour, with a message naming the field."""
         _require_int("tool_calls", self.tool_calls, 0)
         _require_int("answer_tokens", self.answer_tokens, 1)
         _require_int("argument_padding", self.argument_padding, 0)
-        tps: object = self.tokens_per_second
-        if isinstance(tps, bool) or not isinstance(tps, int | float):
-            raise ValueError(
-                f"ReferenceConfig.tokens_per_second must be a number, got {type(tps).__name__}"
-            )
-        if not math.isfinite(tps) or tps < 0:
-            raise ValueError(
-                f"ReferenceConfig.tokens_per_second must be finite and >= 0 (0 = no delay), "
-                f"got {tps!r}"
-            )
+        _require_delay("tokens_per_second", self.tokens_per_second)
+        _require_delay("time_to_first_token", self.time_to_first_token)
+
+
+def _require_delay(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"ReferenceConfig.{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"ReferenceConfig.{name} must be finite and >= 0 (0 = no delay), got {value!r}"
+        )
+
+
+def fold_items(state: bytes, items: Iterable[dict[str, Any]]) -> bytes:
+    """Fold items into a context digest state: for each item,
+    ``state = sha256(state + canonical_json(item)).digest()``. The empty context's state is
+    ``b""``, and ``fold_items(fold_items(s, a), b) == fold_items(s, [*a, *b])``: a server that
+    kept the state of a context digests a longer one by folding only the new items."""
+    for item in items:
+        state = hashlib.sha256(state + canonical_json(item)).digest()
+    return state
+
+
+def finish_digest(
+    state: bytes, instructions: str | None, tools: list[dict[str, Any]] | None
+) -> str:
+    """The model's digest of a context given its folded ``state``: the first 16 hex chars of
+    ``sha256(state + canonical_json({"instructions": ..., "tools": ...}))``."""
+    settings = canonical_json({"instructions": instructions, "tools": tools})
+    return hashlib.sha256(state + settings).hexdigest()[:16]
 
 
 def context_digest(
@@ -105,17 +132,9 @@ def context_digest(
     instructions: str | None,
     tools: list[dict[str, Any]] | None,
 ) -> str:
-    """A short hex digest (first 16 hex chars of sha256) of the canonical JSON encoding
-    (sorted keys, no whitespace) of the whole context, the instructions and the tools."""
-    payload = {"context": context, "instructions": instructions, "tools": tools}
-    try:
-        encoded = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError:
-        # orjson refuses integers beyond 64 bits; the standard library does not.
-        encoded = json.dumps(
-            payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode()
-    return hashlib.sha256(encoded).hexdigest()[:16]
+    """A short hex digest of the whole context, the instructions and the tools:
+    :func:`finish_digest` of :func:`fold_items` over the context from ``b""``."""
+    return finish_digest(fold_items(b"", context), instructions, tools)
 
 
 def _is_user_message(item: dict[str, Any]) -> bool:
@@ -124,12 +143,23 @@ def _is_user_message(item: dict[str, Any]) -> bool:
 
 def tool_calls_since_user(context: list[dict[str, Any]]) -> int:
     """The number of ``function_call_output`` items after the last user-role message
-    (in the whole context when it holds no user message)."""
+    (in the whole context when it holds no user message), found by scanning back from the end."""
     count = 0
     for item in reversed(context):
         if _is_user_message(item):
             break
         if item.get("type") == "function_call_output":
+            count += 1
+    return count
+
+
+def count_tool_calls(count: int, items: Iterable[dict[str, Any]]) -> int:
+    """:func:`tool_calls_since_user` of a context extended by ``items``, given ``count``,
+    its value for the context before them: a user message resets it, an output adds one."""
+    for item in items:
+        if _is_user_message(item):
+            count = 0
+        elif item.get("type") == "function_call_output":
             count += 1
     return count
 
@@ -173,10 +203,22 @@ def script(
     ``d`` is :func:`context_digest` of the whole input; item ids are derived from it, so two
     calls give equal output exactly when their context, instructions and tools are equal.
     """
-    digest = context_digest(context, instructions, tools)
-    calls = tool_calls_since_user(context)
-    if calls < config.tool_calls:
-        arguments: dict[str, Any] = {"step": calls + 1, "context_digest": digest}
+    state = fold_items(b"", context)
+    return script_from_state(state, tool_calls_since_user(context), instructions, tools, config)
+
+
+def script_from_state(
+    state: bytes,
+    tool_calls: int,
+    instructions: str | None,
+    tools: list[dict[str, Any]] | None,
+    config: ReferenceConfig,
+) -> list[dict[str, Any]]:
+    """:func:`script` of a context known only by its folded digest ``state``
+    (:func:`fold_items`) and its :func:`tool_calls_since_user` count ``tool_calls``."""
+    digest = finish_digest(state, instructions, tools)
+    if tool_calls < config.tool_calls:
+        arguments: dict[str, Any] = {"step": tool_calls + 1, "context_digest": digest}
         if config.argument_padding:
             arguments["padding"] = _padding(config.argument_padding)
         return [
@@ -189,7 +231,7 @@ def script(
                 "status": "completed",
             }
         ]
-    text = _answer_text(digest, calls, config.answer_tokens)
+    text = _answer_text(digest, tool_calls, config.answer_tokens)
     return [
         {
             "type": "message",
@@ -217,26 +259,28 @@ def argument_chunks(arguments: str) -> list[str]:
     return [arguments[i : i + size] for i in range(0, len(arguments), size)]
 
 
-def argument_tokens(chunk: str) -> int:
-    """Simulated tokens in a piece of tool-call arguments (about 4 characters per token)."""
-    return max(1, math.ceil(len(chunk) / _CHARS_PER_TOKEN))
-
-
-def count_words(value: Any) -> int:
-    """Words (whitespace-separated) in every string of a JSON value, structural fields
-    (``type``, ``role``, ``id``, ``call_id``, ``status``, ``name``) excepted."""
-    if isinstance(value, str):
-        return len(value.split())
-    if isinstance(value, dict):
-        return sum(count_words(v) for k, v in value.items() if k not in _STRUCTURAL_KEYS)
-    if isinstance(value, list):
-        return sum(count_words(v) for v in value)
-    return 0
+def delta_tokens(deltas: list[str]) -> list[int]:
+    """The output tokens each streamed delta carries: the reference tokenizer's tokens of the
+    deltas' whole text, each counted in the delta that holds its last character. They add up
+    to the token count of the text."""
+    counts = [0] * len(deltas)
+    if not counts:
+        return counts
+    bounds: list[int] = []
+    end = 0
+    for delta in deltas:
+        end += len(delta)
+        bounds.append(end)
+    last = len(counts) - 1
+    for token_end in default_tokenizer().token_ends("".join(deltas)):
+        counts[min(bisect_right(bounds, max(token_end - 1, 0)), last)] += 1
+    return counts
 
 
 def output_tokens(item: dict[str, Any]) -> int:
-    """Simulated output tokens of one output item: the answer's words, or the arguments'
-    length at about 4 characters per token."""
+    """Output tokens of one output item: the reference tokenizer's tokens of its arguments
+    (a function call) or of its content parts' text."""
+    tokenizer = default_tokenizer()
     if item.get("type") == "function_call":
-        return sum(argument_tokens(chunk) for chunk in argument_chunks(item["arguments"]))
-    return sum(len(text_deltas(part["text"])) for part in item.get("content", ()))
+        return len(tokenizer.encode(item["arguments"]))
+    return sum(len(tokenizer.encode(part["text"])) for part in item.get("content", ()))

@@ -1,8 +1,14 @@
-"""A stateless reference ``POST /v1/responses`` server around the scripted model.
+"""A reference ``POST /v1/responses`` server around the scripted model.
 
 It answers like OpenAI's HTTP API (one JSON response object, or an SSE stream with
-``stream: true``), stores nothing, and resolves ``previous_response_id`` only through the
-ws_mode :class:`~ws_mode.turn.Turn` of the request, when it runs behind the middleware.
+``stream: true``), keeps no state of its own, and resolves ``previous_response_id`` only through
+the ws_mode :class:`~ws_mode.turn.Turn` of the request, when it runs behind the middleware.
+
+It does the work a real server does per request, on a real tokenizer: parse the body, render
+the context to tokens, digest it. Over plain HTTP (and behind ``full_context="always"``) that
+work covers the whole history every turn. Behind ``full_context="on_miss"`` a continuation
+resumes from what its parent left on the Turn's artifacts and covers the new items only
+(:mod:`ws_mode.reference.context`); the answer is the same either way.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
@@ -21,15 +27,19 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ws_mode.reference import context as _context
 from ws_mode.reference.model import (
     ReferenceConfig,
     argument_chunks,
-    argument_tokens,
-    count_words,
+    delta_tokens,
     output_tokens,
-    script,
+    script_from_state,
     text_deltas,
 )
+from ws_mode.reference.tokenizer import ReferenceTokenizer, default_tokenizer
+
+if TYPE_CHECKING:
+    from ws_mode.turn import Turn
 
 __all__ = ["ReferenceStats", "create_app"]
 
@@ -45,13 +55,21 @@ class ReferenceStats:
     Attributes:
         requests: ``POST`` requests received (failed ones included).
         bytes_parsed: request body bytes JSON-decoded.
-        items_seen: context items the model processed (the whole history on a ws_mode
-            continuation, the body's ``input`` otherwise).
+        items_seen: context items the handler looked at: the whole context on a stateless
+            request, only the new items on a continuation resumed from its parent's artifacts.
+        tokens_rendered: tokens the handler rendered itself (context items, instructions, and
+            the output kept for the next turn); not those a middleware ``renderer`` made.
+        resumed: requests answered from the parent's artifacts instead of the whole context.
+        cpu_seconds: CPU time of the handler's own work (parse, render, digest, script, event
+            encoding), measured on the thread that runs it; streaming pauses are not counted.
     """
 
     requests: int
     bytes_parsed: int
     items_seen: int
+    tokens_rendered: int
+    resumed: int
+    cpu_seconds: float
 
     def __init__(self) -> None:
         """Start with every counter at zero."""
@@ -62,28 +80,25 @@ class ReferenceStats:
         self.requests = 0
         self.bytes_parsed = 0
         self.items_seen = 0
+        self.tokens_rendered = 0
+        self.resumed = 0
+        self.cpu_seconds = 0.0
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, int | float]:
         """The counters as a plain dict."""
         return {
             "requests": self.requests,
             "bytes_parsed": self.bytes_parsed,
             "items_seen": self.items_seen,
+            "tokens_rendered": self.tokens_rendered,
+            "resumed": self.resumed,
+            "cpu_seconds": self.cpu_seconds,
         }
 
     def __repr__(self) -> str:
         """Show the counters."""
         fields = ", ".join(f"{k}={v}" for k, v in self.snapshot().items())
         return f"ReferenceStats({fields})"
-
-
-class _TurnLike(Protocol):
-    """The part of ``ws_mode.turn.Turn`` this server relies on."""
-
-    @property
-    def previous(self) -> object | None: ...
-
-    def history(self) -> list[dict[str, Any]]: ...
 
 
 class _RequestError(Exception):
@@ -223,7 +238,7 @@ def _parse(raw: bytes) -> _Parsed:
     )
 
 
-def _lookup_turn(request: Request) -> _TurnLike | None:
+def _lookup_turn(request: Request) -> Turn | None:
     """The ws_mode Turn of this request, or None over plain HTTP."""
     # Imported at call time, so loading this package never depends on the core's import order.
     from ws_mode.turn import turn
@@ -231,17 +246,26 @@ def _lookup_turn(request: Request) -> _TurnLike | None:
     return turn(request)
 
 
-def _context(request: Request, parsed: _Parsed) -> list[dict[str, Any]]:
-    if parsed.previous_response_id is None:
-        return parsed.input
+def _read_context(
+    request: Request, parsed: _Parsed, tokenizer: ReferenceTokenizer
+) -> tuple[Turn | None, _context.Context]:
+    """The request's Turn and its context, resumed from the parent's artifacts when the
+    middleware sent only the new items and the parent left them, from the whole context
+    otherwise."""
     found = _lookup_turn(request)
+    if parsed.previous_response_id is None:
+        return found, _context.stateless(parsed.input, parsed.instructions, tokenizer)
     if found is None or found.previous is None:
         raise _RequestError(
             f"Previous response with id '{parsed.previous_response_id}' not found.",
             code="previous_response_not_found",
             param="previous_response_id",
         )
-    return found.history()
+    if not found.full_context:
+        resumed = _context.resume(found, parsed.instructions, tokenizer)
+        if resumed is not None:
+            return found, resumed
+    return found, _context.stateless(found.history(), parsed.instructions, tokenizer)
 
 
 def _default(body: dict[str, Any], key: str, default: Any) -> Any:
@@ -287,8 +311,7 @@ def _response_object(
     }
 
 
-def _usage(input_tokens: int, output: list[dict[str, Any]]) -> dict[str, Any]:
-    produced = sum(output_tokens(item) for item in output)
+def _usage(input_tokens: int, produced: int) -> dict[str, Any]:
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -300,25 +323,29 @@ def _usage(input_tokens: int, output: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _events(
     pending: dict[str, Any], completed: dict[str, Any]
-) -> Iterator[tuple[dict[str, Any], int]]:
+) -> Iterator[tuple[dict[str, Any], int | None]]:
     """OpenAI's event sequence for a response, without sequence numbers, each with the number
-    of simulated tokens it carries (for pacing)."""
-    yield {"type": "response.created", "response": pending}, 0
-    yield {"type": "response.in_progress", "response": pending}, 0
+    of output tokens it carries (for pacing): an int for a delta, None for any other event."""
+    yield {"type": "response.created", "response": pending}, None
+    yield {"type": "response.in_progress", "response": pending}, None
     for index, item in enumerate(completed["output"]):
         item_id = item["id"]
         if item["type"] == "function_call":
             added = {**item, "arguments": "", "status": "in_progress"}
-            yield {"type": "response.output_item.added", "output_index": index, "item": added}, 0
+            yield (
+                {"type": "response.output_item.added", "output_index": index, "item": added},
+                None,
+            )
             arguments = item["arguments"]
-            for chunk in argument_chunks(arguments):
+            chunks = argument_chunks(arguments)
+            for chunk, tokens in zip(chunks, delta_tokens(chunks), strict=True):
                 delta = {
                     "type": "response.function_call_arguments.delta",
                     "item_id": item_id,
                     "output_index": index,
                     "delta": chunk,
                 }
-                yield delta, argument_tokens(chunk)
+                yield delta, tokens
             yield (
                 {
                     "type": "response.function_call_arguments.done",
@@ -326,24 +353,28 @@ def _events(
                     "output_index": index,
                     "arguments": arguments,
                 },
-                0,
+                None,
             )
         else:
             added = {**item, "status": "in_progress", "content": []}
-            yield {"type": "response.output_item.added", "output_index": index, "item": added}, 0
+            yield (
+                {"type": "response.output_item.added", "output_index": index, "item": added},
+                None,
+            )
             for content_index, part in enumerate(item["content"]):
                 where = {"item_id": item_id, "output_index": index, "content_index": content_index}
                 empty = {**part, "text": ""}
-                yield {"type": "response.content_part.added", **where, "part": empty}, 0
-                for token in text_deltas(part["text"]):
+                yield {"type": "response.content_part.added", **where, "part": empty}, None
+                deltas = text_deltas(part["text"])
+                for text, tokens in zip(deltas, delta_tokens(deltas), strict=True):
                     yield (
                         {
                             "type": "response.output_text.delta",
                             **where,
-                            "delta": token,
+                            "delta": text,
                             "logprobs": [],
                         },
-                        1,
+                        tokens,
                     )
                 yield (
                     {
@@ -352,11 +383,11 @@ def _events(
                         "text": part["text"],
                         "logprobs": [],
                     },
-                    0,
+                    None,
                 )
-                yield {"type": "response.content_part.done", **where, "part": part}, 0
-        yield {"type": "response.output_item.done", "output_index": index, "item": item}, 0
-    yield {"type": "response.completed", "response": completed}, 0
+                yield {"type": "response.content_part.done", **where, "part": part}, None
+        yield {"type": "response.output_item.done", "output_index": index, "item": item}, None
+    yield {"type": "response.completed", "response": completed}, None
 
 
 def _encode_event(event: dict[str, Any]) -> bytes:
@@ -365,32 +396,48 @@ def _encode_event(event: dict[str, Any]) -> bytes:
 
 
 async def _sse(
-    pending: dict[str, Any], completed: dict[str, Any], tokens_per_second: float
+    pending: dict[str, Any],
+    completed: dict[str, Any],
+    config: ReferenceConfig,
+    stats: ReferenceStats,
 ) -> AsyncIterator[bytes]:
-    """Encode the events as SSE, pacing token-carrying events at ``tokens_per_second``.
+    """Encode the events as SSE, pacing deltas at ``config.tokens_per_second`` output tokens
+    per second, after ``config.time_to_first_token``.
 
     Each token is due at ``start + tokens / rate``; the stream sleeps only when the next one is
     due at least 1 ms ahead, so fast rates sleep once per batch of tokens, not per token. Events
     are buffered between sleeps (and up to 16 KiB) to keep the number of body chunks small.
+    The CPU time spent between pauses counts in ``stats.cpu_seconds``.
     """
-    interval = 1.0 / tokens_per_second if tokens_per_second else 0.0
-    start = time.monotonic()
+    interval = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
+    start: float | None = None
     emitted = 0
     buffer = bytearray()
+    clock = time.thread_time()
     for sequence_number, (event, tokens) in enumerate(_events(pending, completed)):
-        if tokens and interval:
+        if tokens is not None:
+            if start is None:
+                # The first delta: tokens are due from the first token's time on.
+                start = time.monotonic() + config.time_to_first_token
             emitted += tokens
             delay = start + emitted * interval - time.monotonic()
             if delay >= _MIN_SLEEP:
-                if buffer:
-                    yield bytes(buffer)
-                    buffer.clear()
+                chunk = bytes(buffer)
+                buffer.clear()
+                stats.cpu_seconds += time.thread_time() - clock
+                if chunk:
+                    yield chunk
                 await anyio.sleep(delay)
+                clock = time.thread_time()
         event["sequence_number"] = sequence_number
         buffer += _encode_event(event)
         if len(buffer) >= _FLUSH_BYTES:
-            yield bytes(buffer)
+            chunk = bytes(buffer)
             buffer.clear()
+            stats.cpu_seconds += time.thread_time() - clock
+            yield chunk
+            clock = time.thread_time()
+    stats.cpu_seconds += time.thread_time() - clock
     if buffer:
         yield bytes(buffer)
 
@@ -405,24 +452,43 @@ def create_app(config: ReferenceConfig | None = None, *, path: str = "/v1/respon
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"path must be a string starting with '/', got {path!r}")
     stats = ReferenceStats()
-    rate = config.tokens_per_second
+    # Trained now, so the first request does not pay for it (and a missing package shows here).
+    tokenizer = default_tokenizer()
 
     async def responses(request: Request) -> Response:
         stats.requests += 1
         raw = await request.body()
+        clock = time.thread_time()
+        try:
+            response, delay = _respond(request, raw)
+        finally:
+            stats.cpu_seconds += time.thread_time() - clock
+        if delay >= _MIN_SLEEP:
+            await anyio.sleep(delay)
+        return response
+
+    def _respond(request: Request, raw: bytes) -> tuple[Response, float]:
+        """The response, and how long to wait before sending it (JSON answers only)."""
         stats.bytes_parsed += len(raw)
         try:
             parsed = _parse(raw)
-            context = _context(request, parsed)
+            found, context = _read_context(request, parsed, tokenizer)
         except _RequestError as error:
-            return error.response()
-        stats.items_seen += len(context)
+            return error.response(), 0.0
+        stats.items_seen += context.items_seen
+        stats.tokens_rendered += context.tokens_rendered
+        stats.resumed += context.resumed
 
         effective = config
         if parsed.tool_calls is not None and parsed.tool_calls != config.tool_calls:
             effective = dataclasses.replace(config, tool_calls=parsed.tool_calls)
-        output = script(context, parsed.instructions, parsed.tools, effective)
-        usage = _usage(count_words(context) + count_words(parsed.instructions), output)
+        output = script_from_state(
+            context.digest_state, context.tool_calls, parsed.instructions, parsed.tools, effective
+        )
+        if found is not None:
+            stats.tokens_rendered += _context.save(found, context, output, tokenizer)
+        produced = sum(output_tokens(item) for item in output)
+        usage = _usage(context.input_tokens, produced)
         response_id = f"resp_{secrets.token_hex(16)}"
         created_at = int(time.time())
         completed = _response_object(
@@ -442,16 +508,15 @@ def create_app(config: ReferenceConfig | None = None, *, path: str = "/v1/respon
                 output=[],
                 usage=None,
             )
-            return StreamingResponse(
-                _sse(pending, completed, rate),
+            streaming = StreamingResponse(
+                _sse(pending, completed, config, stats),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        if rate:
-            delay = usage["output_tokens"] / rate
-            if delay >= _MIN_SLEEP:
-                await anyio.sleep(delay)
-        return Response(orjson.dumps(completed), media_type="application/json")
+            return streaming, 0.0
+        rate = config.tokens_per_second
+        delay = config.time_to_first_token + (produced / rate if rate else 0.0)
+        return Response(orjson.dumps(completed), media_type="application/json"), delay
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")

@@ -1,0 +1,215 @@
+"""What the reference model needs of a request's context, computed in one of two ways.
+
+The model's answer depends on the context only through three numbers: its folded digest state
+(:func:`~ws_mode.reference.model.fold_items`), the tool calls since the last user message, and
+(for ``usage``) its rendered token count. All three can be extended item by item, so:
+
+- :func:`stateless` computes them from the whole context, the way a stateless server must on
+  every request: render every item, fold every item, scan back for the last user message.
+- :func:`resume` continues them from what the parent response left on its
+  :attr:`ws_mode.turn.Turn.artifacts` (:func:`save`), looking only at the new items; with a
+  middleware renderer it takes the token count from the Turn and renders nothing at all.
+
+Both give the same values for the same context; ``resume`` returns None when there is nothing to
+resume from, and the caller falls back to ``stateless``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
+
+from ws_mode.reference.model import count_tool_calls, fold_items, tool_calls_since_user
+from ws_mode.reference.tokenizer import ReferenceTokenizer
+
+if TYPE_CHECKING:
+    from ws_mode.cache import CachedResponse
+    from ws_mode.turn import Turn
+
+__all__ = ["ARTIFACT_KEY", "Context", "Saved", "resume", "save", "stateless"]
+
+ARTIFACT_KEY: Final = "ws_mode.reference"
+"""The key of :class:`Saved` (as a plain JSON-able dict) in a Turn's artifacts."""
+_FORMAT: Final = 1  # bumped whenever what is saved, or how it is computed, changes
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What one response leaves for the turn that continues it: the values of :class:`Context`
+    for its whole context followed by its output.
+
+    ``tokens`` is None when the middleware renders (the next Turn carries the tokens).
+    ``instructions`` and ``instruction_tokens`` spare re-encoding unchanged instructions.
+    It is kept in the artifacts as a plain JSON-able dict, so a store that serializes
+    artifacts keeps it too; anything unexpected there reads as nothing saved.
+    """
+
+    digest_state: bytes
+    tool_calls: int
+    tokens: int | None
+    instructions: str | None
+    instruction_tokens: int
+
+    def to_artifact(self) -> dict[str, Any]:
+        """The plain dict kept under :data:`ARTIFACT_KEY`."""
+        return {
+            "format": _FORMAT,
+            "digest_state": self.digest_state.hex(),
+            "tool_calls": self.tool_calls,
+            "tokens": self.tokens,
+            "instructions": self.instructions,
+            "instruction_tokens": self.instruction_tokens,
+        }
+
+    @classmethod
+    def from_artifact(cls, value: object) -> Saved | None:
+        """Read back :meth:`to_artifact`'s dict; None for anything else."""
+        if not isinstance(value, dict) or value.get("format") != _FORMAT:
+            return None
+        state, calls, tokens = (
+            value.get("digest_state"),
+            value.get("tool_calls"),
+            value.get("tokens"),
+        )
+        instructions, instruction_tokens = (
+            value.get("instructions"),
+            value.get("instruction_tokens"),
+        )
+        if not (
+            isinstance(state, str)
+            and _is_count(calls)
+            and (tokens is None or _is_count(tokens))
+            and (instructions is None or isinstance(instructions, str))
+            and _is_count(instruction_tokens)
+        ):
+            return None
+        try:
+            digest_state = bytes.fromhex(state)
+        except ValueError:
+            return None
+        return cls(digest_state, calls, tokens, instructions, instruction_tokens)
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A request's context as the model needs it, and what computing it cost.
+
+    ``tokens`` counts the rendered context items; ``instruction_tokens`` the ``instructions``.
+    ``items_seen`` and ``tokens_rendered`` are the work done: items looked at, tokens rendered.
+    """
+
+    digest_state: bytes
+    tool_calls: int
+    tokens: int
+    instructions: str | None
+    instruction_tokens: int
+    items_seen: int
+    tokens_rendered: int
+    resumed: bool
+
+    @property
+    def input_tokens(self) -> int:
+        """``usage.input_tokens``: the context's tokens plus the instructions'."""
+        return self.tokens + self.instruction_tokens
+
+
+def stateless(
+    context: list[dict[str, Any]], instructions: str | None, tokenizer: ReferenceTokenizer
+) -> Context:
+    """Everything from the whole context: render, fold and scan every item."""
+    rendered = len(tokenizer.render(context))
+    instruction_tokens = len(tokenizer.encode(instructions)) if instructions else 0
+    return Context(
+        digest_state=fold_items(b"", context),
+        tool_calls=tool_calls_since_user(context),
+        tokens=rendered,
+        instructions=instructions,
+        instruction_tokens=instruction_tokens,
+        items_seen=len(context),
+        tokens_rendered=rendered + instruction_tokens,
+        resumed=False,
+    )
+
+
+def _nearest_saved(
+    previous: CachedResponse,
+) -> tuple[Saved, list[dict[str, Any]]] | tuple[None, None]:
+    """The nearest :class:`Saved` up the parent chain and the items of the responses after it.
+
+    A ``generate: false`` warm-up leaves no artifacts (the handler never ran): its items are
+    taken from the cache. None when no response of the chain saved anything.
+    """
+    skipped: list[CachedResponse] = []
+    node: CachedResponse | None = previous
+    while node is not None:
+        saved = Saved.from_artifact(node.artifacts.get(ARTIFACT_KEY))
+        if saved is not None:
+            items = [
+                item
+                for after in reversed(skipped)
+                for item in (*after.input_items, *after.output_items)
+            ]
+            return saved, items
+        skipped.append(node)
+        node = node.parent
+    return None, None
+
+
+def resume(turn: Turn, instructions: str | None, tokenizer: ReferenceTokenizer) -> Context | None:
+    """Continue the parent's saved values over the new items only; None when the parent chain
+    saved nothing to continue from (or saved no token count and there is no renderer)."""
+    if turn.previous is None:
+        return None
+    saved, items = _nearest_saved(turn.previous)
+    if saved is None or items is None:
+        return None
+    items.extend(turn.new_input)
+    rendered = 0
+    if turn.prefix_tokens is not None and turn.new_tokens is not None:
+        # The middleware rendered the prefix once, and the new input on arrival.
+        tokens = len(turn.prefix_tokens) + len(turn.new_tokens)
+    elif saved.tokens is not None:
+        rendered = len(tokenizer.render(items))
+        tokens = saved.tokens + rendered
+    else:
+        return None
+    if instructions == saved.instructions:
+        # Keep the saved string: a chain holds its instructions once.
+        instructions, instruction_tokens = saved.instructions, saved.instruction_tokens
+    else:
+        instruction_tokens = len(tokenizer.encode(instructions)) if instructions else 0
+        rendered += instruction_tokens
+    return Context(
+        digest_state=fold_items(saved.digest_state, items),
+        tool_calls=count_tool_calls(saved.tool_calls, items),
+        tokens=tokens,
+        instructions=instructions,
+        instruction_tokens=instruction_tokens,
+        items_seen=len(items),
+        tokens_rendered=rendered,
+        resumed=True,
+    )
+
+
+def save(
+    turn: Turn, context: Context, output: list[dict[str, Any]], tokenizer: ReferenceTokenizer
+) -> int:
+    """Leave the values after ``output`` on ``turn.artifacts`` for the next turn; return the
+    tokens rendered to do it (the output's, unless the middleware renders)."""
+    rendered = 0
+    tokens: int | None = None
+    if turn.new_tokens is None:
+        rendered = len(tokenizer.render(output))
+        tokens = context.tokens + rendered
+    turn.artifacts[ARTIFACT_KEY] = Saved(
+        digest_state=fold_items(context.digest_state, output),
+        tool_calls=count_tool_calls(context.tool_calls, output),
+        tokens=tokens,
+        instructions=context.instructions,
+        instruction_tokens=context.instruction_tokens,
+    ).to_artifact()
+    return rendered
