@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
+POLICY_VIOLATION = 1008
+# How long sending the close frame may take.
+CLOSE_TIMEOUT = 1.0
 # How many distinct tool sets keep their handler-made artifacts per connection.
 TOOL_SETS = 64
 # How long post-response work may run on after its connection closed.
@@ -84,6 +87,9 @@ class Connection:
         self._closed = False
         self._headers = handler_headers(scope)
         self.principal: Any = None
+        self._draining = False
+        self._aborted = False
+        self._receiving: asyncio.Timeout | None = None
         self._handler_path = scope.get("root_path", "") + settings.handler_path
 
     # The socket.
@@ -99,11 +105,14 @@ class Connection:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(deadline) as self._receiving:
                         message = await self._receive()
                 except TimeoutError:
-                    await self._end_of_life()
+                    if not self._aborted:
+                        await self._end_of_life()
                     return
+                finally:
+                    self._receiving = None
                 kind = message["type"]
                 if kind == "websocket.receive":
                     await self._on_frame(message)
@@ -116,6 +125,25 @@ class Connection:
             await self._stop_lanes()
             await self._finish_after_response_work()
             self.cache.clear()
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests, let running and queued turns finish for up to `grace`
+        seconds, then close with 1001 so clients reconnect elsewhere."""
+        self._draining = True
+        deadline = asyncio.get_running_loop().time() + grace
+        while tasks := [lane.task for lane in self._lanes.values() if lane.task is not None]:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            await asyncio.wait(tasks, timeout=remaining)
+        await self._stop_lanes()
+        await self._close(GOING_AWAY, "server shutting down")
+
+    def _abort(self) -> None:
+        """End the connection now: stop waiting for frames a silent client will never send."""
+        self._aborted = True
+        if self._receiving is not None:
+            self._receiving.reschedule(asyncio.get_running_loop().time())
 
     async def _end_of_life(self) -> None:
         minutes = self.limits.max_connection_seconds / 60
@@ -136,8 +164,11 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        # A client that stopped reading may never let the close frame out: bound the wait,
+        # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
-            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
     async def send_text(self, text: str) -> None:
         """Send one frame; raise `ClientGone` when the client has left."""
@@ -145,7 +176,14 @@ class Connection:
             raise ClientGone("the WebSocket is closed")
         async with self._send_lock:
             try:
-                await self._send({"type": "websocket.send", "text": text})
+                async with asyncio.timeout(self.limits.max_send_stall_seconds):
+                    await self._send({"type": "websocket.send", "text": text})
+            except TimeoutError:
+                # The client stopped reading: the server's buffer is full and stays full.
+                logger.warning("closing a WebSocket mode connection whose client stopped reading")
+                await self._close(POLICY_VIOLATION, "client too slow to read its events")
+                self._abort()
+                raise ClientGone("the client stopped reading") from None
             except Exception as exc:  # servers raise OSError or their own errors here
                 self._closed = True
                 raise ClientGone("the WebSocket client went away") from exc
@@ -220,6 +258,14 @@ class Connection:
     # Lanes.
 
     def _submit(self, create: CreateEvent) -> None:
+        if self._draining:
+            raise ProtocolError(
+                "The server is shutting down; reconnect to continue.",
+                code="server_shutting_down",
+                status=503,
+                type="server_error",
+                stream_id=create.stream_id,
+            )
         lane = self._lanes.get(create.stream_id)
         if lane is None:
             if create.stream_id is not None:
@@ -236,9 +282,21 @@ class Connection:
                     )
                 self._named_lanes.add(create.stream_id)
             lane = self._lanes[create.stream_id] = _Lane(create.stream_id)
+        if self._queued() >= self.limits.max_queued:
+            raise ProtocolError(
+                f"Too many requests are waiting on this connection ({self.limits.max_queued}); "
+                "wait for responses to finish before sending more.",
+                code="too_many_queued_requests",
+                param=None,
+                status=429,
+                stream_id=create.stream_id,
+            )
         lane.queue.append(create)
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain(lane))
+
+    def _queued(self) -> int:
+        return sum(len(lane.queue) for lane in self._lanes.values())
 
     async def _drain(self, lane: _Lane) -> None:
         try:
@@ -360,7 +418,23 @@ class Connection:
         """Wait until the response ended or the handler call returned, whichever is first."""
         ended = asyncio.create_task(stream.ended.wait())
         try:
-            await asyncio.wait((call, ended), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                (call, ended),
+                timeout=self.limits.max_turn_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not stream.finished and not call.done():
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+                await stream.event(
+                    error_event(
+                        504,
+                        "server_error",
+                        "turn_timeout",
+                        f"The handler did not finish within {self.limits.max_turn_seconds:g} "
+                        "seconds (Limits.max_turn_seconds).",
+                    )
+                )
         finally:
             ended.cancel()
             if not stream.finished and not call.done():

@@ -19,7 +19,10 @@ class Limits:
     `max_connection_seconds` ends a socket after that long (OpenAI: 60 minutes);
     `max_message_bytes` bounds one client frame; `max_cached_responses` and `max_cached_bytes`
     bound each connection's response cache; `max_in_flight` responses run at once per
-    connection (the rest queue); `max_streams` distinct named `stream_id`s per connection.
+    connection (the rest queue, at most `max_queued` of them); `max_streams` distinct named
+    `stream_id`s per connection; `max_turn_seconds` bounds one handler call (None: no bound);
+    a client that leaves a frame unread for `max_send_stall_seconds` is disconnected;
+    `shutdown_grace_seconds` is how long running turns may finish when the server drains.
     """
 
     max_connections: int = 1000
@@ -29,11 +32,20 @@ class Limits:
     max_cached_bytes: int = 256 * MiB
     max_in_flight: int = 16
     max_streams: int = 32
+    max_queued: int = 1024
+    max_turn_seconds: float | None = None
+    max_send_stall_seconds: float = 60.0
+    shutdown_grace_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
+            if value is None and field.name in _OPTIONAL:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"Limits.{field.name} must be a positive number, got {value!r}.")
-            if field.name != "max_connection_seconds" and not isinstance(value, int):
+            if not field.name.endswith("_seconds") and not isinstance(value, int):
                 raise ConfigError(f"Limits.{field.name} must be an integer, got {value!r}.")
+
+
+_OPTIONAL = frozenset({"max_turn_seconds"})

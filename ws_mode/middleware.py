@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
@@ -129,15 +130,30 @@ class WebSocketModeMiddleware:
         #: Switch WebSocket mode off (upgrades answered 426) or on again, at run time.
         self.enabled = enabled
         self.connections = 0
+        self._open: set[Connection] = set()
+        self._draining = False
+
+    async def drain(self, grace: float | None = None) -> None:
+        """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
+        give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
+        then close every socket with 1001 so clients reconnect. Call it before the server
+        closes its connections (`ws_mode.server.Server` does, for uvicorn)."""
+        self._draining = True
+        if grace is None:
+            grace = self.settings.limits.shutdown_grace_seconds
+        await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
         if scope["type"] != "websocket" or not self._is_socket_path(scope):
             await self.app(scope, receive, send)
             return
         message = await receive()
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
-        if not self.enabled:
+        if not self.enabled or self._draining:
             await _deny(
                 scope,
                 send,
@@ -165,11 +181,28 @@ class WebSocketModeMiddleware:
             subprotocol = next(
                 (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
             )
-            await Connection(self.settings, scope, receive, send).run(
-                principal=principal, subprotocol=subprotocol
-            )
+            connection = Connection(self.settings, scope, receive, send)
+            self._open.add(connection)
+            try:
+                await connection.run(principal=principal, subprotocol=subprotocol)
+            finally:
+                self._open.discard(connection)
         finally:
             self.connections -= 1
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        """Drain the sockets when the server announces its shutdown, before the app hears;
+        serve again after a new startup."""
+
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._draining = False  # the same app may be served again
+            elif message["type"] == "lifespan.shutdown":
+                await self.drain()
+            return message
+
+        return wrapped
 
     async def _authenticate(self, scope: Scope, send: Send) -> Any:
         if self.authenticate is None:

@@ -1,0 +1,238 @@
+"""Faults a long-lived socket meets: hung handlers, slow readers, floods, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from ws_mode import Limits, WebSocketModeMiddleware
+from ws_mode.server import Server
+
+from .servers import free_port, serve
+
+
+class Handlers:
+    def __init__(self) -> None:
+        self.produced = 0
+        self.closed = threading.Event()
+        self.release = asyncio.Event()
+
+    async def respond(self, request: Request) -> Response:
+        body = await request.json()
+        behaviour = body.get("model")
+        if behaviour == "hang":
+            await asyncio.sleep(3600)
+        if behaviour == "firehose":
+            return StreamingResponse(self.firehose(), media_type="text/event-stream")
+        if behaviour == "slow":
+            await asyncio.sleep(float(body.get("metadata", {}).get("seconds", "0.5")))
+        item = {
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+        }
+        return JSONResponse(
+            {
+                "id": f"resp_{time.monotonic_ns()}",
+                "object": "response",
+                "status": "completed",
+                "output": [item],
+            }
+        )
+
+    async def firehose(self) -> AsyncIterator[str]:
+        delta = json.dumps({"type": "response.output_text.delta", "delta": "x" * 1000})
+        try:
+            while True:
+                self.produced += 1
+                yield f"event: response.output_text.delta\ndata: {delta}\n\n"
+        finally:
+            self.closed.set()
+
+
+def make_app(handlers: Handlers, limits: Limits) -> WebSocketModeMiddleware:
+    app = Starlette(routes=[Route("/v1/responses", handlers.respond, methods=["POST"])])
+    return WebSocketModeMiddleware(app, limits=limits)
+
+
+@pytest.fixture
+def handlers() -> Handlers:
+    return Handlers()
+
+
+def ws(base_url: str) -> str:
+    return base_url.replace("http", "ws", 1) + "/v1/responses"
+
+
+def send(socket: ClientConnection, model: str, **fields: Any) -> None:
+    socket.send(json.dumps({"type": "response.create", "model": model, "input": "x", **fields}))
+
+
+def terminal(socket: ClientConnection) -> dict[str, Any]:
+    while True:
+        event: dict[str, Any] = json.loads(socket.recv(timeout=10))
+        if event["type"] in ("response.completed", "error", "response.failed"):
+            return event
+
+
+def test_a_hung_handler_times_out_and_the_lane_goes_on(handlers: Handlers) -> None:
+    with (
+        serve(make_app(handlers, Limits(max_turn_seconds=0.3))) as base_url,
+        connect(ws(base_url)) as socket,
+    ):
+        send(socket, "hang", stream_id="a")
+        event = terminal(socket)
+        assert (event["type"], event["status"], event["error"]["code"]) == (
+            "error",
+            504,
+            "turn_timeout",
+        )
+        assert event["stream_id"] == "a"
+        send(socket, "ok", stream_id="a")
+        assert terminal(socket)["type"] == "response.completed"
+
+
+def stuck_client(port: int) -> socket.socket:
+    """A WebSocket client that sends one create and then never reads again."""
+    client = socket.create_connection(("127.0.0.1", port))
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    key = base64.b64encode(os.urandom(16)).decode()
+    client.sendall(
+        f"GET /v1/responses HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    assert client.recv(4096).startswith(b"HTTP/1.1 101")
+    payload = json.dumps({"type": "response.create", "model": "firehose", "input": "x"}).encode()
+    mask = os.urandom(4)
+    masked = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+    client.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+    return client
+
+
+def test_a_client_that_stops_reading_bounds_the_server_and_is_closed(handlers: Handlers) -> None:
+    middleware = make_app(handlers, Limits(max_send_stall_seconds=1.5))
+    with serve(middleware) as base_url:
+        client = stuck_client(int(base_url.rsplit(":", 1)[1]))
+        try:
+            time.sleep(1.0)
+            # The handler is read no faster than the socket drains: what it made fits in the
+            # kernel's and the server's buffers, and it makes no more.
+            produced = handlers.produced
+            assert 0 < produced * 1000 < 16 * 1024 * 1024
+            time.sleep(0.5)
+            assert handlers.produced == produced
+            # Past the stall limit the server gives up on the client: the socket is closed.
+            deadline = time.monotonic() + 10
+            while middleware.connections and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert middleware.connections == 0
+            assert handlers.produced == produced
+        finally:
+            client.close()
+
+
+def test_a_flood_of_creates_is_bounded(handlers: Handlers) -> None:
+    limits = Limits(max_queued=3, max_in_flight=1)
+    with serve(make_app(handlers, limits)) as base_url, connect(ws(base_url)) as socket:
+        for _ in range(6):
+            send(socket, "slow", metadata={"seconds": "0.3"})
+        events = [terminal(socket) for _ in range(6)]
+    refused = [event for event in events if event["type"] == "error"]
+    # Six creates, at most three waiting: the rest are refused (how many depends on how far
+    # the first one got before the others arrived), and every one is answered.
+    assert 2 <= len(refused) <= 3
+    assert {event["error"]["code"] for event in refused} == {"too_many_queued_requests"}
+    assert {event["status"] for event in refused} == {429}
+    assert sum(event["type"] == "response.completed" for event in events) == 6 - len(refused)
+
+
+def close_code(socket: ClientConnection) -> int | None:
+    """Read until the server closes the socket; the close code it sent."""
+    try:
+        while True:
+            socket.recv(timeout=5)
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd is not None else None
+
+
+def run_server(app: WebSocketModeMiddleware, port: int) -> tuple[Server, threading.Thread]:
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = Server(config, [app])
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server, thread
+
+
+def test_shutdown_lets_running_turns_finish_then_closes_with_1001(handlers: Handlers) -> None:
+    app = make_app(handlers, Limits(shutdown_grace_seconds=5))
+    port = free_port()
+    server, thread = run_server(app, port)
+    try:
+        with connect(f"ws://127.0.0.1:{port}/v1/responses") as socket:
+            send(socket, "slow", metadata={"seconds": "1.0"})
+            time.sleep(0.2)
+            server.should_exit = True  # what SIGTERM does
+            # The running turn still completes...
+            assert terminal(socket)["type"] == "response.completed"
+            # ...then the socket closes with 1001 so the client reconnects elsewhere.
+            assert close_code(socket) == 1001
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> None:
+    holder: dict[str, WebSocketModeMiddleware] = {}
+
+    async def drain(request: Request) -> Response:
+        await holder["app"].drain()
+        return Response("drained")
+
+    inner = Starlette(
+        routes=[
+            Route("/v1/responses", handlers.respond, methods=["POST"]),
+            Route("/drain", drain, methods=["POST"]),
+        ]
+    )
+    app = holder["app"] = WebSocketModeMiddleware(inner, limits=Limits(shutdown_grace_seconds=5))
+    with serve(app) as base_url, connect(ws(base_url)) as socket_:
+        send(socket_, "slow", metadata={"seconds": "1.0"})
+        time.sleep(0.2)
+        drained = threading.Thread(
+            target=httpx.post, args=(base_url + "/drain",), kwargs={"timeout": 10}, daemon=True
+        )
+        drained.start()
+        time.sleep(0.2)
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws(base_url))
+        assert refused.value.response.status_code == 426
+        # A request sent while draining is refused; the running one finishes.
+        send(socket_, "ok", stream_id="late")
+        events = [terminal(socket_), terminal(socket_)]
+        codes = {event["error"]["code"] for event in events if event["type"] == "error"}
+        assert codes == {"server_shutting_down"}
+        assert any(event["type"] == "response.completed" for event in events)
+        assert close_code(socket_) == 1001
+        drained.join(10)

@@ -1,0 +1,33 @@
+"""Serving with uvicorn, shut down gracefully.
+
+uvicorn closes every WebSocket (code 1012) as soon as it starts shutting down, before the
+application's lifespan shutdown runs, so the middleware cannot give running turns a grace
+period from there. `Server` drains the middlewares first: running turns finish (up to
+`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+
+import uvicorn
+
+from .middleware import WebSocketModeMiddleware
+
+__all__ = ["Server"]
+
+
+class Server(uvicorn.Server):
+    """A `uvicorn.Server` that drains WebSocket mode before it shuts down."""
+
+    def __init__(
+        self, config: uvicorn.Config, middlewares: Sequence[WebSocketModeMiddleware]
+    ) -> None:
+        super().__init__(config)
+        self.middlewares = list(middlewares)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.gather(*(middleware.drain() for middleware in self.middlewares))
+        await super().shutdown(sockets)
