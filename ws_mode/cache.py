@@ -42,6 +42,7 @@ class CachedResponse:
         "_pending_tokens",
         "_tokens",
         "artifacts",
+        "context_bytes",
         "depth",
         "id",
         "input_fragment",
@@ -87,6 +88,13 @@ class CachedResponse:
         )
         self.output_fragment = encode_items(output_items)
         self.depth: int = parent.depth + 1 if parent is not None else 1
+        #: The encoded size of the whole context a continuation builds on (what a client
+        #: with the full history would re-send).
+        self.context_bytes: int = (
+            (parent.context_bytes if parent is not None else 0)
+            + len(self.input_fragment)
+            + len(self.output_fragment)
+        )
         self._tokens: Tokens | None = None
         self._pending_tokens: Callable[[], Tokens] | None = None
         # `size`: the encoded response object's length when the caller knows it (it holds the

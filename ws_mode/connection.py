@@ -70,6 +70,7 @@ class Connection:
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
         self.settings = settings
         self.limits = settings.limits
+        self.stats = settings.stats
         self.scope = scope
         self._receive = receive
         self._send = send
@@ -148,7 +149,7 @@ class Connection:
     async def _end_of_life(self) -> None:
         minutes = self.limits.max_connection_seconds / 60
         with contextlib.suppress(ClientGone):
-            await self.send_event(
+            await self.send_error(
                 error_event(
                     400,
                     "invalid_request_error",
@@ -192,12 +193,20 @@ class Connection:
         """Encode and send one server event."""
         await self.send_text(encode_event(event))
 
+    async def send_error(self, event: dict[str, Any]) -> None:
+        """Send an error event of the connection's own, counting it."""
+        self.stats.error(event["error"]["code"])
+        await self.send_text(encode_event(event))
+
     # Frames.
 
     async def _on_frame(self, message: Message) -> None:
         text = message.get("text")
+        self.stats.bytes_received += (
+            len(text) if text is not None else len(message.get("bytes") or b"")
+        )
         if text is None:
-            await self.send_event(
+            await self.send_error(
                 error_event(
                     400,
                     "invalid_request_error",
@@ -207,7 +216,7 @@ class Connection:
             )
             return
         if self._too_large(text):
-            await self.send_event(
+            await self.send_error(
                 error_event(
                     400,
                     "invalid_request_error",
@@ -228,7 +237,7 @@ class Connection:
             if lane is not None:
                 lane.queue.append(exc)  # the lane is busy: answer after what runs before it
             else:
-                await self.send_event(exc.event())
+                await self.send_error(exc.event())
 
     def _too_large(self, text: str) -> bool:
         limit = self.limits.max_message_bytes
@@ -303,7 +312,7 @@ class Connection:
             while lane.queue:
                 item = lane.queue.popleft()
                 if isinstance(item, ProtocolError):
-                    await self.send_event(item.event())
+                    await self.send_error(item.event())
                     continue
                 async with self._in_flight:
                     await self._run_turn(item)
@@ -331,9 +340,13 @@ class Connection:
         forwarded = False
         if create.previous_response_id is not None:
             previous = self.cache.get(create.previous_response_id)
-            if previous is None:
+            if previous is not None:
+                self.stats.cache_hits += 1
+                self.stats.bytes_saved += previous.context_bytes
+            else:
+                self.stats.cache_misses += 1
                 if self.settings.on_cache_miss != "forward":
-                    await self.send_event(_not_found(create))
+                    await self.send_error(_not_found(create))
                     return
                 forwarded = True  # the handler resolves the id itself
         digest = tools_digest(create.tools)
@@ -351,8 +364,11 @@ class Connection:
         )
         new_fragment = encode_items(create.new_input)
         if not create.generate:
+            self.stats.warm_ups += 1
             await self._warm_up(create, current, new_fragment)
             return
+        self.stats.turns += 1
+        started = asyncio.get_running_loop().time()
 
         def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
             node = CachedResponse(
@@ -399,6 +415,11 @@ class Connection:
             await self._until_finished(stream, call)
         finally:
             self._streams.discard(stream)
+            if stream.finished:
+                elapsed = asyncio.get_running_loop().time() - started
+                self.stats.turn_finished(elapsed, failed=stream.failure is not None)
+                if stream.failure is not None:
+                    self.stats.error(stream.failure)
         if not call.done():
             # The client has its terminal event; what the handler still does (a background
             # task, logging) goes on without holding up the lane.

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -16,6 +16,7 @@ from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
+from .stats import Stats
 from .tokens import Renderer
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Settings:
     on_response: ResponseHook | None = None
     on_cache_miss: CacheMiss = "error"
     subprotocols: tuple[str, ...] = ()
+    stats: Stats = field(default_factory=Stats)
 
 
 class WebSocketModeMiddleware:
@@ -132,6 +134,9 @@ class WebSocketModeMiddleware:
         self.connections = 0
         self._open: set[Connection] = set()
         self._draining = False
+        #: Counters of this middleware's connections and turns (`stats.snapshot()`).
+        self.stats = self.settings.stats
+        self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
 
     async def drain(self, grace: float | None = None) -> None:
         """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
@@ -154,6 +159,7 @@ class WebSocketModeMiddleware:
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
         if not self.enabled or self._draining:
+            self.stats.connections_refused += 1
             await _deny(
                 scope,
                 send,
@@ -164,6 +170,7 @@ class WebSocketModeMiddleware:
             return
         if self.connections >= self.settings.limits.max_connections:
             logger.warning("refusing a WebSocket mode connection: %d are open", self.connections)
+            self.stats.connections_refused += 1
             await _deny(
                 scope,
                 send,
@@ -183,10 +190,13 @@ class WebSocketModeMiddleware:
             )
             connection = Connection(self.settings, scope, receive, send)
             self._open.add(connection)
+            self.stats.connections_open += 1
+            self.stats.connections_total += 1
             try:
                 await connection.run(principal=principal, subprotocol=subprotocol)
             finally:
                 self._open.discard(connection)
+                self.stats.connection_closed(connection.cache.evictions)
         finally:
             self.connections -= 1
 
@@ -214,10 +224,12 @@ class WebSocketModeMiddleware:
         except AuthenticationFailed as exc:
             code = "invalid_api_key" if exc.status == 401 else "forbidden"
             headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+            self.stats.connections_refused += 1
             await _deny(scope, send, exc.status, code, exc.message, headers=headers)
             return _REFUSED
         except Exception:
             logger.exception("the authenticate hook failed")
+            self.stats.connections_refused += 1
             await _deny(scope, send, 500, "server_error", "Authentication failed on the server.")
             return _REFUSED
         return principal

@@ -50,6 +50,7 @@ class ResponseStream:
         "_output_items",
         "_prefix",
         "ended",
+        "failure",
         "finished",
         "on_failed",
         "on_finished",
@@ -78,6 +79,8 @@ class ResponseStream:
         #: Set when the response ended (`finished`), for whoever waits on it.
         self.ended = asyncio.Event()
         self.succeeded = False
+        #: The error code the response failed with (`response_failed` when it had none).
+        self.failure: str | None = None
         self.response_id: str | None = None
         self._output_items: dict[int, dict[str, Any]] = {}
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
@@ -136,7 +139,7 @@ class ResponseStream:
         if kind in SUCCESS_EVENTS:
             self._succeed(response, len(text))
         elif kind in FAILURE_EVENTS:
-            self._fail()
+            self._fail(_failure_code(event))
         await self.send_text(text)
 
     def _remember_item(self, event: dict[str, Any]) -> None:
@@ -157,8 +160,9 @@ class ResponseStream:
         self.succeeded = True
         self.on_finished(response, [item for item in output if isinstance(item, dict)], size)
 
-    def _fail(self) -> None:
+    def _fail(self, code: str) -> None:
         self.finished = True
+        self.failure = code
         self.ended.set()
         self.on_failed()
 
@@ -185,6 +189,17 @@ def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
     if isinstance(event.get("sequence_number"), int):
         nested["sequence_number"] = event["sequence_number"]
     return nested
+
+
+def _failure_code(event: dict[str, Any]) -> str:
+    """The code of an `error` event (nested envelope) or of a failed response's error."""
+    if event.get("type") == "error":
+        error = event.get("error")
+    else:
+        response = event.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else "response_failed"
 
 
 def _text(value: Any) -> str | None:
