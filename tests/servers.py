@@ -3,21 +3,42 @@
 `serve(app, server="uvicorn")` runs the app under a real server in a background thread and
 yields its base URL; the server stops when the block exits (and by itself after `lifetime`
 seconds, so nothing outlives a crashed test run).
+
+`ALL_SERVERS` adds the servers that run in a child process, when they are installed: daphne
+(Twisted's reactor is process-wide and runs once) and granian (a Rust server with its own
+worker processes). They take the app as an import string (`"package.module:attribute"`), plus
+`env` and `pythonpath` options for the child; uvicorn and hypercorn take an app or a string.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp
 
 SERVERS = ("uvicorn", "hypercorn")
+#: Servers run in a child process; only those installed here are listed.
+PROCESS_SERVERS = tuple(
+    name for name in ("daphne", "granian") if importlib.util.find_spec(name) is not None
+)
+ALL_SERVERS = SERVERS + PROCESS_SERVERS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -38,9 +59,17 @@ def _wait_for_port(port: int, timeout: float) -> None:
 
 @contextlib.contextmanager
 def serve(
-    app: ASGIApp, server: str = "uvicorn", *, lifetime: float = 600.0, **options: Any
+    app: ASGIApp | str, server: str = "uvicorn", *, lifetime: float = 600.0, **options: Any
 ) -> Iterator[str]:
     """Run `app` under `server` on 127.0.0.1; yield `http://127.0.0.1:PORT`."""
+    if server in PROCESS_SERVERS:
+        if not isinstance(app, str):
+            raise TypeError(f"{server} runs in a child process: pass the app as 'module:attr'")
+        with _serve_in_child(app, server, lifetime=lifetime, **options) as base_url:
+            yield base_url
+        return
+    if isinstance(app, str):
+        app = import_app(app)
     port = free_port()
     stop = threading.Event()
     loop_holder: dict[str, Any] = {}
@@ -94,7 +123,7 @@ def serve(
                 loop.call_soon_threadsafe(loop_holder["event"].set)
 
     else:
-        raise ValueError(f"unknown server {server!r}; expected one of {SERVERS}")
+        raise ValueError(f"unknown server {server!r}; expected one of {ALL_SERVERS}")
 
     thread = threading.Thread(target=run, name=f"{server}-{port}", daemon=True)
     thread.start()
@@ -109,3 +138,85 @@ def serve(
         timer.cancel()
         shutdown()
         thread.join(15.0)
+
+
+def import_app(target: str) -> Any:
+    """The object an import string `"package.module:attribute"` names."""
+    module_name, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module_name), attribute or "app")
+
+
+def _child_command(
+    target: str, server: str, port: int, ws_max_size: int, options: dict[str, Any]
+) -> list[str]:
+    if server == "daphne":
+        command = [
+            *("-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0"),
+            *("--websocket-max-message-size", str(ws_max_size)),
+            *("--websocket-max-frame-size", str(ws_max_size)),
+        ]
+    else:  # granian: its WebSocket message size limit is fixed (tungstenite's defaults)
+        command = [
+            *("-m", "granian", "--interface", options.pop("interface", "asgi")),
+            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+            "--no-access-log",
+        ]
+    for key, value in options.items():
+        command.append("--" + key.replace("_", "-"))
+        if value is not True:
+            command.append(str(value))
+    command.append(target)
+    return [sys.executable, *command]
+
+
+@contextlib.contextmanager
+def _serve_in_child(
+    target: str,
+    server: str,
+    *,
+    lifetime: float,
+    env: dict[str, str] | None = None,
+    pythonpath: tuple[str | Path, ...] = (),
+    ws_max_size: int = 256 * 1024 * 1024,
+    **options: Any,
+) -> Iterator[str]:
+    """Run `target` under `server` in a child process that lives at most `lifetime` seconds."""
+    port = free_port()
+    command = _child_command(target, server, port, ws_max_size, options)
+    # Even if this process dies without cleaning up, the child ends by itself.
+    timeout = shutil.which("timeout")
+    if timeout is not None:
+        command = [timeout, "--signal=TERM", "--kill-after=5", str(int(lifetime)), *command]
+    child_env = {**os.environ, **(env or {})}
+    paths = [str(path) for path in pythonpath] + [str(ROOT)]
+    if child_env.get("PYTHONPATH"):
+        paths.append(child_env["PYTHONPATH"])
+    child_env["PYTHONPATH"] = os.pathsep.join(paths)
+    with tempfile.TemporaryFile() as log:
+        child = subprocess.Popen(
+            command, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + 20.0
+            while True:
+                if child.poll() is not None:
+                    log.seek(0)
+                    output = log.read().decode(errors="replace")
+                    raise RuntimeError(f"{server} exited with {child.returncode}:\n{output}")
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{server} did not start listening on port {port}")
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait(5)

@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-progress", action="store_true", help="no progress bars (also off when not a TTY)"
     )
     demo.set_defaults(run=_demo)
+    _add_bench_command(commands)
     return parser
 
 
@@ -241,6 +242,8 @@ def _url_host(host: str) -> str:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .server import Server as DrainingServer
+
     limits = Limits(max_connection_seconds=args.max_connection_seconds)
     app = build_app(
         tool_calls=args.tool_calls,
@@ -258,7 +261,7 @@ def _serve(args: argparse.Namespace) -> int:
     host = _url_host(args.host)
     full_context = args.full_context
 
-    class Server(uvicorn.Server):
+    class Server(DrainingServer):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.started:
@@ -279,6 +282,34 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it shut down for
     return 0
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _add_bench_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench import configure_parser
+
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark HTTP against WebSocket mode (drop-in and cache-aware)",
+        description="Run an agent rollout against the reference server over HTTP with the "
+        "full history and over WebSocket mode (full_context=always, and on_miss with a "
+        "renderer), with the model at zero cost and at the configured speed, interleaved and "
+        "repeated, the server in its own process; print medians, the event-forwarding "
+        "microbenchmark and the goals.",
+    )
+    configure_parser(bench)
+    bench.set_defaults(run=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BenchError, run_from_args
+
+    try:
+        return run_from_args(args)
+    except BenchError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------- proxy
@@ -345,6 +376,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from .errors import ConfigError
     from .proxy import create_proxy
+    from .server import Server as DrainingServer
 
     api_key: str | None = args.api_key or os.environ.get(UPSTREAM_KEY_ENV) or None
     try:
@@ -373,7 +405,7 @@ def _proxy(args: argparse.Namespace) -> int:
     host = _url_host(args.host)
     auth = "the configured key" if api_key else "the client's Authorization"
 
-    class Server(uvicorn.Server):
+    class Server(DrainingServer):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.started:

@@ -411,6 +411,8 @@ class Connection:
         )
         self._streams.add(stream)
         call = asyncio.create_task(HandlerCall(self.settings.app, scope, body, stream).run())
+        # If the turn is abandoned just as the call fails, nobody reads the outcome here.
+        call.add_done_callback(_retrieve)
         try:
             await self._until_finished(stream, call)
         finally:
@@ -571,6 +573,11 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
     if previous is None:
         return not forwarded
     return mode == "always" and not previous.remote
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -108,6 +108,8 @@ def http_scope(
     }
     if "state" in ws_scope:
         scope["state"] = dict(ws_scope["state"])
+    if "app" in ws_scope:
+        scope["app"] = ws_scope["app"]  # Starlette's `request.app`, when ws_mode sits inside it
     return scope
 
 

@@ -11,22 +11,42 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 
 from .middleware import WebSocketModeMiddleware
 
-__all__ = ["Server"]
+__all__ = ["Server", "find_middlewares"]
+
+
+def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
+    """The WebSocket mode middlewares in a chain of apps that keep the next one as `.app`."""
+    found: list[WebSocketModeMiddleware] = []
+    seen: set[int] = set()
+    while app is not None and id(app) not in seen:
+        seen.add(id(app))
+        if isinstance(app, WebSocketModeMiddleware):
+            found.append(app)
+        app = getattr(app, "app", None)
+    return found
 
 
 class Server(uvicorn.Server):
-    """A `uvicorn.Server` that drains WebSocket mode before it shuts down."""
+    """A `uvicorn.Server` that drains WebSocket mode before it shuts down.
+
+    `middlewares` defaults to those found by following `.app` from the configured app.
+    """
 
     def __init__(
-        self, config: uvicorn.Config, middlewares: Sequence[WebSocketModeMiddleware]
+        self,
+        config: uvicorn.Config,
+        middlewares: Sequence[WebSocketModeMiddleware] | None = None,
     ) -> None:
         super().__init__(config)
-        self.middlewares = list(middlewares)
+        self.middlewares = (
+            list(middlewares) if middlewares is not None else find_middlewares(config.app)
+        )
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await asyncio.gather(*(middleware.drain() for middleware in self.middlewares))

@@ -1,0 +1,1 @@
+"""A minimal Django project serving `POST /v1/responses`, with WebSocket mode from ws_mode."""

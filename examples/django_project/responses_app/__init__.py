@@ -1,0 +1,1 @@
+"""The Responses API views of the example project."""
