@@ -242,8 +242,6 @@ def _url_host(host: str) -> str:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .server import Server as DrainingServer
-
     limits = Limits(max_connection_seconds=args.max_connection_seconds)
     app = build_app(
         tool_calls=args.tool_calls,
@@ -261,27 +259,38 @@ def _serve(args: argparse.Namespace) -> int:
     host = _url_host(args.host)
     full_context = args.full_context
 
-    class Server(DrainingServer):
+    def banner(origin: str) -> str:
+        return (
+            f"{PROG} serve: WebSocket mode (full_context={full_context}) at "
+            f"ws://{origin}{API_PATH}; openai SDK: "
+            f'OpenAI(base_url="http://{origin}/v1", api_key="unused")'
+        )
+
+    _run_server(config, args.port, banner, f"the server could not start on {host}:{args.port}")
+    return 0
+
+
+def _run_server(
+    config: uvicorn.Config, port: int, banner: Callable[[str], str], failure: str
+) -> None:
+    """Run uvicorn, draining WebSocket mode on shutdown; print `banner(origin)` once bound."""
+    from .server import Server
+
+    host = _url_host(config.host)
+
+    class AnnouncingServer(Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if not self.started:
-                return
-            origin = f"{host}:{_bound_port(self, args.port)}"
-            print(
-                f"{PROG} serve: WebSocket mode (full_context={full_context}) at "
-                f"ws://{origin}{API_PATH}; openai SDK: "
-                f'OpenAI(base_url="http://{origin}/v1", api_key="unused")',
-                flush=True,
-            )
+            if self.started:
+                print(banner(f"{host}:{_bound_port(self, port)}"), flush=True)
 
     try:
-        Server(config).run()
+        AnnouncingServer(config).run()
     except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
         if exc.code:
-            raise CommandError(f"the server could not start on {host}:{args.port}") from None
+            raise CommandError(failure) from None
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it shut down for
-    return 0
 
 
 # ----------------------------------------------------------------------------- bench
@@ -376,7 +385,6 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from .errors import ConfigError
     from .proxy import create_proxy
-    from .server import Server as DrainingServer
 
     api_key: str | None = args.api_key or os.environ.get(UPSTREAM_KEY_ENV) or None
     try:
@@ -405,26 +413,14 @@ def _proxy(args: argparse.Namespace) -> int:
     host = _url_host(args.host)
     auth = "the configured key" if api_key else "the client's Authorization"
 
-    class Server(DrainingServer):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if not self.started:
-                return
-            origin = f"{host}:{_bound_port(self, args.port)}"
-            print(
-                f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
-                f"{upstream.describe()} with {auth}; openai SDK: "
-                f'OpenAI(base_url="http://{origin}/v1")',
-                flush=True,
-            )
+    def banner(origin: str) -> str:
+        return (
+            f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
+            f"{upstream.describe()} with {auth}; openai SDK: "
+            f'OpenAI(base_url="http://{origin}/v1")'
+        )
 
-    try:
-        Server(config).run()
-    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
-        if exc.code:
-            raise CommandError(f"the proxy could not start on {host}:{args.port}") from None
-    except KeyboardInterrupt:
-        pass
+    _run_server(config, args.port, banner, f"the proxy could not start on {host}:{args.port}")
     return 0
 
 
