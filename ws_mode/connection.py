@@ -91,6 +91,9 @@ class Connection:
         self._draining = False
         self._aborted = False
         self._receiving: asyncio.Timeout | None = None
+        self._send_started: float | None = None
+        self._sender: asyncio.Task[Any] | None = None
+        self._stalled = False
         self._handler_path = scope.get("root_path", "") + settings.handler_path
 
     # The socket.
@@ -103,6 +106,7 @@ class Connection:
             accept["subprotocol"] = subprotocol
         await self._send(accept)
         deadline = asyncio.get_running_loop().time() + self.limits.max_connection_seconds
+        watchdog = asyncio.create_task(self._watch_sends())
         try:
             while True:
                 try:
@@ -123,6 +127,7 @@ class Connection:
             return
         finally:
             self._closed = True
+            watchdog.cancel()
             await self._stop_lanes()
             await self._finish_after_response_work()
             self.cache.clear()
@@ -172,22 +177,46 @@ class Connection:
                 await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
     async def send_text(self, text: str) -> None:
-        """Send one frame; raise `ClientGone` when the client has left."""
+        """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
         if self._closed:
             raise ClientGone("the WebSocket is closed")
         async with self._send_lock:
+            # The watchdog reads these: a send that stays pending means a client not reading.
+            self._send_started = time.monotonic()
+            self._sender = asyncio.current_task()
             try:
-                async with asyncio.timeout(self.limits.max_send_stall_seconds):
-                    await self._send({"type": "websocket.send", "text": text})
-            except TimeoutError:
-                # The client stopped reading: the server's buffer is full and stays full.
-                logger.warning("closing a WebSocket mode connection whose client stopped reading")
-                await self._close(POLICY_VIOLATION, "client too slow to read its events")
-                self._abort()
-                raise ClientGone("the client stopped reading") from None
+                await self._send({"type": "websocket.send", "text": text})
+            except asyncio.CancelledError:
+                if self._stalled:  # cancelled by the watchdog, not by whoever runs us
+                    self._sender.uncancel()  # type: ignore[union-attr]
+                    raise ClientGone("the client stopped reading") from None
+                raise
             except Exception as exc:  # servers raise OSError or their own errors here
                 self._closed = True
                 raise ClientGone("the WebSocket client went away") from exc
+            finally:
+                self._send_started = None
+
+    async def _watch_sends(self) -> None:
+        """Disconnect a client that leaves a frame unread for `max_send_stall_seconds`.
+
+        One check per quarter of the limit instead of a timeout per frame: the frames of a
+        turn stream at thousands per second, and they should cost next to nothing.
+        """
+        stall = self.limits.max_send_stall_seconds
+        while True:
+            await asyncio.sleep(stall / 4)
+            started = self._send_started
+            if started is None or time.monotonic() - started < stall:
+                continue
+            # The server's buffer is full and stays full.
+            logger.warning("closing a WebSocket mode connection whose client stopped reading")
+            self._stalled = True
+            await self._close(POLICY_VIOLATION, "client too slow to read its events")
+            if self._sender is not None:
+                self._sender.cancel()
+            self._abort()
+            return
 
     async def send_event(self, event: dict[str, Any]) -> None:
         """Encode and send one server event."""

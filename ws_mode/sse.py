@@ -52,24 +52,33 @@ class SSEDecoder:
             # A CR that ends the chunk may be the first half of a CRLF split across chunks.
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = (self._buffer + chunk).split(b"\n")
+        lines = (self._buffer + chunk).split(b"\n") if self._buffer else chunk.split(b"\n")
         self._buffer = lines.pop()
         events: list[SSEEvent] = []
         for line in lines:
-            if not line:
+            # The two fields that carry something, in the shapes servers write, come first.
+            if line.startswith(b"data: "):
+                self._data.append(line[6:])
+                self._has_data = True
+            elif line.startswith(b"event: "):
+                self._event = line[7:].decode("utf-8", "replace") or None
+            elif not line:
                 if self._has_data:
                     events.append(SSEEvent(self._event, b"\n".join(self._data)))
+                    self._data = []
+                    self._has_data = False
                 self._event = None
-                self._data = []
-                self._has_data = False
-                continue
-            name, colon, value = line.partition(b":")
-            if colon and value[:1] == b" ":
-                value = value[1:]
-            if name == b"data":
-                self._data.append(value)
-                self._has_data = True
-            elif name == b"event":
-                self._event = value.decode("utf-8", "replace") or None
-            # `id`, `retry`, comments (empty name) and unknown fields carry nothing we forward.
+            else:
+                self._field(line)
         return events
+
+    def _field(self, line: bytes) -> None:
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace") or None
+        # `id`, `retry`, comments (empty name) and unknown fields carry nothing we forward.
