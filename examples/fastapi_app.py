@@ -21,19 +21,16 @@ app.add_middleware(WebSocketModeMiddleware)  # adds the socket at /v1/responses
 async def create(request: Request) -> StreamingResponse:
     body = await request.json()  # over the socket too, "input" holds the whole history
     text = f"I have seen {len(body['input'])} items."
-    item = {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text}],
-    }
+    part = {"type": "output_text", "text": text, "annotations": []}
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+    item["content"] = [part]
     done = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "status": "completed"}
     done |= {"created_at": int(time.time()), "model": body.get("model"), "output": [item]}
     started = {**done, "status": "in_progress", "output": []}
 
     async def events():  # the SSE stream plain HTTP clients get; ws_mode turns it into frames
-        for number, (kind, response) in enumerate(
-            [("response.created", started), ("response.completed", done)]
-        ):
+        pairs = [("response.created", started), ("response.completed", done)]
+        for number, (kind, response) in enumerate(pairs):
             data = {"type": kind, "sequence_number": number, "response": response}
             yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 

@@ -1,0 +1,80 @@
+"""The compatibility kit: check that WebSocket mode gives your handler exactly what HTTP gives.
+
+Run it against your own app before switching WebSocket mode on::
+
+    from hypothesis import given, settings
+    from ws_mode.testing import conversations
+
+    from myproject.asgi import app
+
+    @settings(max_examples=25, deadline=None)
+    @given(program=conversations(models=["my-model"]))
+    def test_websocket_mode(ws_mode_check, program):
+        ws_mode_check(app, program)
+
+`conversations()` is a hypothesis strategy of conversation programs; `ws_mode_check` (a pytest
+fixture) or `CompatibilityCheck` / `check_conversation` serve the app behind
+`WebSocketModeMiddleware` under a real server, drive each program over a real socket, and
+raise `CompatibilityError` at the first turn where the handler did not receive what an HTTP
+client with the full history would have sent, or the client did not receive a protocol-valid
+event stream. See docs/testing.md.
+
+Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
+client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
+**openai** SDK, when installed, validates output items. They are test dependencies
+(`pip install "ws-mode[test]"`); they are imported when used, so registering the pytest plugin
+costs nothing where they are missing.
+
+(PYTEST_DONT_REWRITE: the kit raises its own errors, so pytest may load it after import.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from .check import (
+    CheckOptions,
+    CompatibilityCheck,
+    CompatibilityError,
+    RecordedCall,
+    Report,
+    TurnReport,
+    check_conversation,
+)
+from .program import (
+    DEFAULT_FIELDS,
+    DEFAULT_INSTRUCTIONS,
+    DEFAULT_LANES,
+    DEFAULT_MODELS,
+    DEFAULT_TOOLS,
+    Action,
+    Conversation,
+    InputForm,
+    Step,
+    conversations,
+)
+
+with contextlib.suppress(ImportError):  # the fixture, where pytest is installed
+    from .plugin import CompatibilityChecks, ws_mode_check
+
+__all__ = [
+    "DEFAULT_FIELDS",
+    "DEFAULT_INSTRUCTIONS",
+    "DEFAULT_LANES",
+    "DEFAULT_MODELS",
+    "DEFAULT_TOOLS",
+    "Action",
+    "CheckOptions",
+    "CompatibilityCheck",
+    "CompatibilityChecks",
+    "CompatibilityError",
+    "Conversation",
+    "InputForm",
+    "RecordedCall",
+    "Report",
+    "Step",
+    "TurnReport",
+    "check_conversation",
+    "conversations",
+    "ws_mode_check",
+]
