@@ -92,7 +92,7 @@ class Connection:
         self._aborted = False
         self._receiving: asyncio.Timeout | None = None
         self._send_started: float | None = None
-        self._sender: asyncio.Task[Any] | None = None
+        self._run_task: asyncio.Task[Any] | None = None
         self._stalled = False
         self._handler_path = scope.get("root_path", "") + settings.handler_path
 
@@ -106,6 +106,7 @@ class Connection:
             accept["subprotocol"] = subprotocol
         await self._send(accept)
         deadline = asyncio.get_running_loop().time() + self.limits.max_connection_seconds
+        self._run_task = asyncio.current_task()
         watchdog = asyncio.create_task(self._watch_sends())
         try:
             while True:
@@ -124,6 +125,12 @@ class Connection:
                 elif kind == "websocket.disconnect":
                     return
         except ClientGone:
+            return
+        except asyncio.CancelledError:
+            if not self._stalled:
+                raise
+            # The watchdog ended a connection whose client stopped reading.
+            self._run_task.uncancel()  # type: ignore[union-attr]
             return
         finally:
             self._closed = True
@@ -183,14 +190,8 @@ class Connection:
         async with self._send_lock:
             # The watchdog reads these: a send that stays pending means a client not reading.
             self._send_started = time.monotonic()
-            self._sender = asyncio.current_task()
             try:
                 await self._send({"type": "websocket.send", "text": text})
-            except asyncio.CancelledError:
-                if self._stalled:  # cancelled by the watchdog, not by whoever runs us
-                    self._sender.uncancel()  # type: ignore[union-attr]
-                    raise ClientGone("the client stopped reading") from None
-                raise
             except Exception as exc:  # servers raise OSError or their own errors here
                 self._closed = True
                 raise ClientGone("the WebSocket client went away") from exc
@@ -213,9 +214,13 @@ class Connection:
             logger.warning("closing a WebSocket mode connection whose client stopped reading")
             self._stalled = True
             await self._close(POLICY_VIOLATION, "client too slow to read its events")
-            if self._sender is not None:
-                self._sender.cancel()
+            # The stuck send is in a lane or in the receive loop: end them all.
+            for lane in self._lanes.values():
+                if lane.task is not None:
+                    lane.task.cancel()
             self._abort()
+            if self._run_task is not None:
+                self._run_task.cancel()
             return
 
     async def send_event(self, event: dict[str, Any]) -> None:

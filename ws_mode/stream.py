@@ -35,6 +35,8 @@ RESPONSE_EVENTS = frozenset(
 )
 SUCCESS_EVENTS = frozenset({"response.completed", "response.incomplete"})
 FAILURE_EVENTS = frozenset({"response.failed", "error"})
+# Events whose JSON is decoded on the way through; every other event is forwarded as it is.
+DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
 
 
 class ResponseStream:
@@ -89,12 +91,7 @@ class ResponseStream:
         """Forward one event of the handler's SSE stream."""
         if self.finished:
             return
-        if (
-            event_type is None
-            or event_type in RESPONSE_EVENTS
-            or event_type in FAILURE_EVENTS
-            or event_type == "response.output_item.done"
-        ):
+        if event_type is None or event_type in DECODED_EVENTS:
             try:
                 event = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -102,17 +99,23 @@ class ResponseStream:
             if not isinstance(event, dict):
                 await self.event(server_error("The handler sent an event that is not JSON."))
                 return
-            if event_type is None or event_type != "response.output_item.done":
+            if event_type != "response.output_item.done":
                 await self.event(event)
                 return
             self._remember_item(event)
-        data = data.strip()
-        if not (data.startswith(b"{") and data.endswith(b"}")):
-            await self.event(server_error("The handler sent an event that is not a JSON object."))
-            return
+        if not (data[:1] == b"{" and data[-1:] == b"}"):
+            data = data.strip()
+            if not (data[:1] == b"{" and data[-1:] == b"}"):
+                await self.event(
+                    server_error("The handler sent an event that is not a JSON object.")
+                )
+                return
         if self._prefix is not None:
-            rest = data[1:].lstrip()
-            data = self._prefix + rest if rest != b"}" else self._prefix[:-1] + b"}"
+            if data[1:2] == b'"':  # `{"key":...}`: splice the lane in after the brace
+                data = self._prefix + data[1:]
+            else:
+                rest = data[1:].lstrip()
+                data = self._prefix + rest if rest != b"}" else self._prefix[:-1] + b"}"
         await self.send_text(data.decode("utf-8", "replace"))
 
     async def event(self, event: dict[str, Any]) -> None:
