@@ -632,7 +632,9 @@ def test_streaming_is_paced(sleeps: list[float]) -> None:
     assert produced > 20
     assert elapsed >= produced / 200 - 0.002
     assert 10 <= len(sleeps) <= 20  # at most one sleep per delta
-    assert sum(sleeps) == pytest.approx(produced / 200, abs=0.02)
+    # Pacing sleeps until each token is due; on a loaded machine it sleeps less to catch up,
+    # never more than the schedule.
+    assert sum(sleeps) <= produced / 200 + 0.002
 
 
 def test_fast_rates_batch_their_sleeps(sleeps: list[float]) -> None:
