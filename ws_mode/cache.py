@@ -27,6 +27,10 @@ _NODE_OVERHEAD = 512
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
     """Encode items as a JSON array's contents, without the brackets: `{..},{..}`."""
+    if len(items) == 1:
+        # orjson's result may sit in an over-allocated buffer; what the cache keeps for an
+        # hour should cost what it counts, so keep an exact copy.
+        return bytes(memoryview(orjson.dumps(items[0])))
     return b",".join(map(orjson.dumps, items))
 
 
@@ -44,6 +48,7 @@ class CachedResponse:
         "artifacts",
         "context_bytes",
         "depth",
+        "holders",
         "id",
         "input_fragment",
         "input_items",
@@ -95,6 +100,8 @@ class CachedResponse:
             + len(self.input_fragment)
             + len(self.output_fragment)
         )
+        #: How many hold this node in memory: its cache entry, and its children held in turn.
+        self.holders = 0
         self._tokens: Tokens | None = None
         self._pending_tokens: Callable[[], Tokens] | None = None
         # `size`: the encoded response object's length when the caller knows it (it holds the
@@ -150,15 +157,17 @@ class CachedResponse:
 class ResponseCache:
     """One connection's responses, least recently used first out, bounded by count and bytes.
 
-    An evicted node stays reachable from the live children that continue it, so their context
-    stays whole; only its id stops resolving.
+    An evicted node stays reachable from the cached children that continue it, so their context
+    stays whole; only its id stops resolving. Its bytes still count against `max_bytes` while
+    it is held that way, so the bound covers what the connection really keeps in memory: a
+    conversation longer than `max_bytes` ends up evicted whole, and its client recovers by
+    resending the full context.
     """
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
-        self._entries: LRUCache[str, CachedResponse] = LRUCache(
-            maxsize=max_bytes, getsizeof=_size_of
-        )
-        self._max_entries = max_entries
+        self._entries = _LRU(max_entries, self._dropped)
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -169,8 +178,8 @@ class ResponseCache:
 
     @property
     def bytes(self) -> int:
-        """The bytes the cached nodes account for."""
-        return int(self._entries.currsize)
+        """The bytes of every node held: cached ones and the ancestors they keep alive."""
+        return self._bytes
 
     def get(self, response_id: str) -> CachedResponse | None:
         """The node for `response_id`, marked as just used, or None."""
@@ -178,32 +187,64 @@ class ResponseCache:
 
     def put(self, node: CachedResponse) -> bool:
         """Cache `node`, evicting the least recently used nodes to stay within bounds."""
-        if node.size > self._entries.maxsize:
+        if node.size > self._max_bytes:
             logger.warning(
                 "response %s (%d bytes) is larger than max_cached_bytes; not cached",
                 node.id,
                 node.size,
             )
             return False
-        before = len(self._entries)
-        replaced = node.id in self._entries
-        self._entries[node.id] = node
-        # LRUCache evicts by bytes on insert; count those and then bound by entries.
-        self.evictions += max(0, before + (0 if replaced else 1) - len(self._entries))
-        while len(self._entries) > self._max_entries:
+        old = self._entries.pop(node.id, None)
+        self._entries[node.id] = node  # may evict the least recently used by count
+        self._hold(node)
+        if old is not None:
+            self._release(old)
+        while self._bytes > self._max_bytes and self._entries:
             self._entries.popitem()
-            self.evictions += 1
-        return True
+        return node.id in self._entries
 
     def evict(self, response_id: str) -> None:
         """Forget `response_id` (a failed continuation drops its parent)."""
-        if self._entries.pop(response_id, None) is not None:
-            self.evictions += 1
+        node = self._entries.pop(response_id, None)
+        if node is not None:
+            self._dropped(node)
 
     def clear(self) -> None:
         """Forget everything."""
+        for node in list(self._entries.values()):
+            self._release(node)
         self._entries.clear()
 
+    def _dropped(self, node: CachedResponse) -> None:
+        self.evictions += 1
+        self._release(node)
 
-def _size_of(node: CachedResponse) -> int:
-    return node.size
+    def _hold(self, node: CachedResponse | None) -> None:
+        # A node that becomes held holds its parent in turn; stop at one already held.
+        while node is not None:
+            node.holders += 1
+            if node.holders > 1:
+                return
+            self._bytes += node.size
+            node = node.parent
+
+    def _release(self, node: CachedResponse | None) -> None:
+        while node is not None:
+            node.holders -= 1
+            if node.holders > 0:
+                return
+            self._bytes -= node.size
+            node = node.parent
+
+
+class _LRU(LRUCache[str, CachedResponse]):
+    """cachetools' LRU by count, reporting what it evicts on its own."""
+
+    def __init__(self, maxsize: int, dropped: Callable[[CachedResponse], None]) -> None:
+        super().__init__(maxsize=maxsize)
+        self._report = dropped
+
+    def popitem(self) -> tuple[str, CachedResponse]:
+        key, node = super().popitem()
+        self._report(node)
+        return key, node

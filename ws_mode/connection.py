@@ -81,6 +81,7 @@ class Connection:
         self._lanes: dict[str | None, _Lane] = {}
         self._named_lanes: set[str] = set()
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
+        self._waiting = 0  # creates taken off their lane, waiting for an in-flight slot
         self._streams: set[ResponseStream] = set()
         self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
         self._after: set[asyncio.Task[None]] = set()
@@ -339,7 +340,7 @@ class Connection:
             lane.task = asyncio.create_task(self._drain(lane))
 
     def _queued(self) -> int:
-        return sum(len(lane.queue) for lane in self._lanes.values())
+        return self._waiting + sum(len(lane.queue) for lane in self._lanes.values())
 
     async def _drain(self, lane: _Lane) -> None:
         try:
@@ -348,8 +349,16 @@ class Connection:
                 if isinstance(item, ProtocolError):
                     await self.send_error(item.event())
                     continue
-                async with self._in_flight:
+                # Still waiting while it waits for a slot: `max_queued` counts it.
+                self._waiting += 1
+                try:
+                    await self._in_flight.acquire()
+                finally:
+                    self._waiting -= 1
+                try:
                     await self._run_turn(item)
+                finally:
+                    self._in_flight.release()
         except ClientGone:
             pass
         finally:
