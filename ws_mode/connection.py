@@ -35,7 +35,6 @@ from .protocol import (
     steer_input_problem,
 )
 from .stream import ResponseStream
-from .tokens import Tokens
 from .turn import Turn, build_body, tools_digest
 
 if TYPE_CHECKING:
@@ -90,8 +89,6 @@ class Connection:
         self._headers = handler_headers(scope)
         self.principal: Any = None
         self._draining = False
-        self._aborted = False
-        self._receiving: asyncio.Timeout | None = None
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
         self._stalled = False
@@ -112,14 +109,11 @@ class Connection:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline) as self._receiving:
+                    async with asyncio.timeout_at(deadline):
                         message = await self._receive()
                 except TimeoutError:
-                    if not self._aborted:
-                        await self._end_of_life()
+                    await self._end_of_life()
                     return
-                finally:
-                    self._receiving = None
                 kind = message["type"]
                 if kind == "websocket.receive":
                     await self._on_frame(message)
@@ -152,12 +146,6 @@ class Connection:
             await asyncio.wait(tasks, timeout=remaining)
         await self._stop_lanes()
         await self._close(GOING_AWAY, "server shutting down")
-
-    def _abort(self) -> None:
-        """End the connection now: stop waiting for frames a silent client will never send."""
-        self._aborted = True
-        if self._receiving is not None:
-            self._receiving.reschedule(asyncio.get_running_loop().time())
 
     async def _end_of_life(self) -> None:
         minutes = self.limits.max_connection_seconds / 60
@@ -215,11 +203,11 @@ class Connection:
             logger.warning("closing a WebSocket mode connection whose client stopped reading")
             self._stalled = True
             await self._close(POLICY_VIOLATION, "client too slow to read its events")
-            # The stuck send is in a lane or in the receive loop: end them all.
+            # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
+            # its own cancellation as the end of the connection.
             for lane in self._lanes.values():
                 if lane.task is not None:
                     lane.task.cancel()
-            self._abort()
             if self._run_task is not None:
                 self._run_task.cancel()
             return
@@ -489,23 +477,22 @@ class Connection:
                 timeout=self.limits.max_turn_seconds,
                 return_when=asyncio.FIRST_COMPLETED,
             )
-            if not stream.finished and not call.done():
-                call.cancel()
-                await asyncio.gather(call, return_exceptions=True)
-                await stream.event(
-                    error_event(
-                        504,
-                        "server_error",
-                        "turn_timeout",
-                        f"The handler did not finish within {self.limits.max_turn_seconds:g} "
-                        "seconds (Limits.max_turn_seconds).",
-                    )
-                )
         finally:
             ended.cancel()
             if not stream.finished and not call.done():
-                call.cancel()  # the turn was abandoned (the client left or a limit hit)
+                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
+                call.cancel()
                 await asyncio.gather(call, return_exceptions=True)
+        if not stream.finished and call.cancelled():
+            await stream.event(
+                error_event(
+                    504,
+                    "server_error",
+                    "turn_timeout",
+                    f"The handler did not finish within {self.limits.max_turn_seconds:g} "
+                    "seconds (Limits.max_turn_seconds).",
+                )
+            )
 
     async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
         """`generate: false`: prepare the request's state and answer with an empty response.
@@ -565,9 +552,8 @@ class Connection:
     def _remember(self, node: CachedResponse, current: Turn, output: list[dict[str, Any]]) -> None:
         """Cache a finished response; its output is rendered later, off the next turn's path."""
         renderer = self.settings.renderer
-        if renderer is not None and current.new_tokens is not None:
-            prefix = current.prefix_tokens if current.prefix_tokens is not None else Tokens()
-            new_tokens = current.new_tokens
+        prefix, new_tokens = current.prefix_tokens, current.new_tokens
+        if renderer is not None and prefix is not None and new_tokens is not None:
             node.defer_tokens(
                 lambda: prefix.extended(new_tokens, renderer(output) if output else ())
             )

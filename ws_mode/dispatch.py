@@ -164,15 +164,15 @@ class HandlerCall:
                 raise RuntimeError(
                     "Expected ASGI message 'http.response.start', but got 'http.response.body'."
                 )
-            if self._complete or self.sink.finished:
-                if not message.get("more_body", False):
-                    self._disconnected.set()
+            if self._complete:
                 return
-            body: bytes = message.get("body", b"")
             if not message.get("more_body", False):
                 self._complete = True
                 # Past the response, `receive()` reports the disconnect (ASGI spec).
                 self._disconnected.set()
+            if self.sink.finished:
+                return  # what follows the terminal event reaches nobody
+            body: bytes = message.get("body", b"")
             if self._streaming:
                 try:
                     for event in self._decoder.feed(body):
