@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from ws_mode import Turn, turn
 from ws_mode.cache import CachedResponse, encode_items
-from ws_mode.protocol import CreateEvent, parse_client_event
+from ws_mode.client_events import CreateEvent, parse_client_event
 from ws_mode.turn import build_body, tools_digest
 
 TOOLS: list[dict[str, Any]] = [

@@ -21,18 +21,20 @@ from cachetools import LRUCache
 from starlette.types import Message, Receive, Scope, Send
 
 from .cache import CachedResponse, ResponseCache, encode_items
-from .dispatch import ClientGone, HandlerCall, handler_headers, http_scope
-from .protocol import (
-    STEER_MESSAGES,
+from .client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
+    parse_client_event,
+    steer_input_problem,
+)
+from .dispatch import ClientGone, HandlerCall, handler_headers, http_scope
+from .protocol import (
+    STEER_MESSAGES,
     encode_event,
     error_event,
-    parse_client_event,
     server_error,
     steer_failed_event,
-    steer_input_problem,
 )
 from .stream import ResponseStream
 from .turn import Turn, build_body, tools_digest

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import orjson
 from starlette.types import ASGIApp, Message, Scope
 
-from .protocol import error_event, server_error
+from .protocol import TERMINAL_EVENT_BY_STATUS, error_event, server_error
 from .sse import SSEDecoder
 
 __all__ = ["ClientGone", "EventSink", "HandlerCall", "handler_headers", "http_scope"]
@@ -264,19 +264,11 @@ def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
     )
 
 
-_TERMINAL_BY_STATUS = {
-    "completed": "response.completed",
-    "incomplete": "response.incomplete",
-    "failed": "response.failed",
-    "cancelled": "response.failed",
-}
-
-
 def lifecycle_events(response: dict[str, Any]) -> Iterable[dict[str, Any]]:
     """The events an SSE stream would have carried for a finished response object."""
     output: list[Any] = response.get("output") or []
     status = response.get("status") or "completed"
-    terminal = _TERMINAL_BY_STATUS.get(status)
+    terminal = TERMINAL_EVENT_BY_STATUS.get(status)
     if terminal is None:
         yield server_error(
             f"The handler answered with a response whose status is {status!r}, not finished."

@@ -9,13 +9,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
+from .protocol import error_body
 from .stats import Stats
 from .tokens import Renderer
 
@@ -261,7 +261,7 @@ async def _deny(
         await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
         return
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = orjson.dumps({"error": {"type": kind, "code": code, "message": message, "param": None}})
+    body = error_body(kind, code, message)
     await send(
         {
             "type": "websocket.http.response.start",

@@ -28,6 +28,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from .errors import ConfigError
+from .protocol import error_body
 
 __all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ResponsesProxy", "create_proxy"]
 
@@ -417,7 +418,7 @@ def _log_failure(exc: httpx.RequestError, request: httpx.Request) -> None:
 
 
 async def _send_error(send: Send, status: int, kind: str, code: str, message: str) -> None:
-    body = orjson.dumps({"error": {"type": kind, "code": code, "message": message, "param": None}})
+    body = error_body(kind, code, message)
     with contextlib.suppress(Exception):  # the client may have gone meanwhile
         await send(
             {

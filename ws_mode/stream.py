@@ -16,27 +16,17 @@ from typing import Any
 
 import orjson
 
-from .protocol import server_error
+from .protocol import (
+    DECODED_EVENTS,
+    FAILURE_EVENTS,
+    RESPONSE_EVENTS,
+    SUCCESS_EVENTS,
+    server_error,
+)
 
 __all__ = ["ResponseStream"]
 
 logger = logging.getLogger(__name__)
-
-# Events whose payload holds the response object.
-RESPONSE_EVENTS = frozenset(
-    {
-        "response.created",
-        "response.queued",
-        "response.in_progress",
-        "response.completed",
-        "response.incomplete",
-        "response.failed",
-    }
-)
-SUCCESS_EVENTS = frozenset({"response.completed", "response.incomplete"})
-FAILURE_EVENTS = frozenset({"response.failed", "error"})
-# Events whose JSON is decoded on the way through; every other event is forwarded as it is.
-DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
 
 
 class ResponseStream:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from .cache import CachedResponse, encode_items
-from .protocol import CreateEvent
+from .client_events import CreateEvent
 from .tokens import Tokens
 
 __all__ = ["Turn", "build_body", "tools_digest", "turn"]

@@ -12,16 +12,18 @@ from hypothesis import strategies as st
 from openai.types.responses.response_steer_failed_event import ResponseSteerFailedEvent
 from openai.types.responses.responses_server_event import ResponseWsError
 
-from ws_mode.protocol import (
-    SOCKET_ONLY_FIELDS,
+from ws_mode.client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
+    parse_client_event,
+    steer_input_problem,
+)
+from ws_mode.protocol import (
+    SOCKET_ONLY_FIELDS,
     encode_event,
     error_event,
-    parse_client_event,
     steer_failed_event,
-    steer_input_problem,
 )
 from ws_mode.protocol import server_error as server_error_event
 
