@@ -42,8 +42,8 @@ import ws_mode
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode.cache import CachedResponse, ResponseCache
 from ws_mode.connection import Connection
-from ws_mode.dispatch import HandlerCall
-from ws_mode.stream import ResponseStream
+from ws_mode.events import ResponseStream
+from ws_mode.handler_call import HandlerCall
 
 from .servers import serve
 

@@ -1,26 +1,22 @@
-"""One WebSocket mode socket: its receive loop, lanes, in-flight budget, lifetime and cache.
+"""One WebSocket mode socket: its receive loop, its sends, its lifetime and its close.
 
 The receive loop parses each frame into a client event; a bad frame gets an error event and
-the loop goes on. Creates go to their lane: first in, first out per `stream_id`, lanes
-concurrent, at most `max_in_flight` turns running, the rest queued.
+the loop goes on. Creates go to the connection's lanes (`lanes.py`), which run each one
+through the turn runner (`turn_runner.py`). A watchdog ends a connection whose client stopped
+reading; the lifetime limit and a drain end it with 1001 so clients reconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import secrets
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cachetools import LRUCache
 from starlette.types import Message, Receive, Scope, Send
 
-from .cache import CachedResponse, ResponseCache, encode_items
+from .cache import ResponseCache
 from .client_events import (
     CreateEvent,
     ProtocolError,
@@ -28,19 +24,11 @@ from .client_events import (
     parse_client_event,
     steer_input_problem,
 )
-from .dispatch import ClientGone, HandlerCall, handler_headers, http_scope
-from .protocol import (
-    STEER_MESSAGES,
-    encode_event,
-    error_event,
-    server_error,
-    steer_failed_event,
-)
-from .stream import ResponseStream
-from .turn import Turn, build_body, tools_digest
-
-if TYPE_CHECKING:
-    from .middleware import Settings
+from .handler_call import ClientGone
+from .lanes import Lanes
+from .protocol import STEER_MESSAGES, encode_event, error_event, steer_failed_event
+from .settings import Settings
+from .turn_runner import TurnRunner
 
 __all__ = ["Connection"]
 
@@ -51,18 +39,6 @@ GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
 # How long sending the close frame may take.
 CLOSE_TIMEOUT = 1.0
-# How many distinct tool sets keep their handler-made artifacts per connection.
-TOOL_SETS = 64
-# How long post-response work may run on after its connection closed.
-AFTER_RESPONSE_GRACE = 5.0
-
-
-@dataclass(eq=False)
-class _Lane:
-    stream_id: str | None
-    # Creates, and refusals of creates, answered in order.
-    queue: deque[CreateEvent | ProtocolError] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
 
 
 class Connection:
@@ -79,28 +55,24 @@ class Connection:
             max_entries=self.limits.max_cached_responses,
             max_bytes=self.limits.max_cached_bytes,
         )
-        self._lanes: dict[str | None, _Lane] = {}
-        self._named_lanes: set[str] = set()
-        self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
-        self._waiting = 0  # creates taken off their lane, waiting for an in-flight slot
-        self._streams: set[ResponseStream] = set()
-        self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
-        self._after: set[asyncio.Task[None]] = set()
+        self.turns = TurnRunner(
+            settings, scope, self.cache, send_text=self.send_text, send_error=self.send_error
+        )
+        self.lanes = Lanes(
+            self.limits, run=self.turns.run, refuse=self._refuse, ends_lane=(ClientGone,)
+        )
         self._send_lock = asyncio.Lock()
         self._closed = False
-        self._headers = handler_headers(scope)
-        self.principal: Any = None
         self._draining = False
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
         self._stalled = False
-        self._handler_path = scope.get("root_path", "") + settings.handler_path
 
     # The socket.
 
     async def run(self, *, principal: Any = None, subprotocol: str | None = None) -> None:
         """Accept the socket and serve it; return when it is closed."""
-        self.principal = principal
+        self.turns.principal = principal
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
@@ -132,8 +104,8 @@ class Connection:
         finally:
             self._closed = True
             watchdog.cancel()
-            await self._stop_lanes()
-            await self._finish_after_response_work()
+            await self.lanes.stop()
+            await self.turns.finish_after_response_work()
             self.cache.clear()
 
     async def drain(self, grace: float) -> None:
@@ -141,12 +113,12 @@ class Connection:
         seconds, then close with 1001 so clients reconnect elsewhere."""
         self._draining = True
         deadline = asyncio.get_running_loop().time() + grace
-        while tasks := [lane.task for lane in self._lanes.values() if lane.task is not None]:
+        while tasks := self.lanes.tasks():
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
             await asyncio.wait(tasks, timeout=remaining)
-        await self._stop_lanes()
+        await self.lanes.stop()
         await self._close(GOING_AWAY, "server shutting down")
 
     async def _end_of_life(self) -> None:
@@ -161,7 +133,7 @@ class Connection:
                     "Create a new websocket connection to continue.",
                 )
             )
-        await self._stop_lanes()
+        await self.lanes.stop()
         await self._close(GOING_AWAY, "connection lifetime limit reached")
 
     async def _close(self, code: int, reason: str) -> None:
@@ -207,9 +179,7 @@ class Connection:
             await self._close(POLICY_VIOLATION, "client too slow to read its events")
             # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
             # its own cancellation as the end of the connection.
-            for lane in self._lanes.values():
-                if lane.task is not None:
-                    lane.task.cancel()
+            self.lanes.cancel()
             if self._run_task is not None:
                 self._run_task.cancel()
             return
@@ -258,10 +228,8 @@ class Connection:
             else:
                 self._submit(event)
         except ProtocolError as exc:
-            lane = self._lanes.get(exc.stream_id) if exc.on_lane else None
-            if lane is not None:
-                lane.queue.append(exc)  # the lane is busy: answer after what runs before it
-            else:
+            # A busy lane answers it after what runs before it.
+            if not self.lanes.refuse_in_order(exc):
                 await self.send_error(exc.event())
 
     def _too_large(self, text: str) -> bool:
@@ -274,7 +242,7 @@ class Connection:
     async def _on_steer(self, steer: SteerEvent) -> None:
         target = steer.previous_response_id
         node = self.cache.get(target)
-        active = next((s for s in self._streams if s.response_id == target), None)
+        active = next((s for s in self.turns.streams if s.response_id == target), None)
         found = node is not None or active is not None
         lane = node.stream_id if node is not None else active.stream_id if active else None
         problem = steer_input_problem(steer.input)
@@ -289,7 +257,7 @@ class Connection:
             steer_failed_event(code, target, steer.input, message, stream_id=lane)
         )
 
-    # Lanes.
+    # Requests.
 
     def _submit(self, create: CreateEvent) -> None:
         if self._draining:
@@ -300,331 +268,7 @@ class Connection:
                 type="server_error",
                 stream_id=create.stream_id,
             )
-        lane = self._lanes.get(create.stream_id)
-        if lane is None:
-            if create.stream_id is not None:
-                if (
-                    create.stream_id not in self._named_lanes
-                    and len(self._named_lanes) >= self.limits.max_streams
-                ):
-                    raise ProtocolError(
-                        f"This connection already uses {self.limits.max_streams} stream_ids, "
-                        "the most it may.",
-                        code="websocket_stream_limit_reached",
-                        param="stream_id",
-                        stream_id=create.stream_id,
-                    )
-                self._named_lanes.add(create.stream_id)
-            lane = self._lanes[create.stream_id] = _Lane(create.stream_id)
-        if self._queued() >= self.limits.max_queued:
-            raise ProtocolError(
-                f"Too many requests are waiting on this connection ({self.limits.max_queued}); "
-                "wait for responses to finish before sending more.",
-                code="too_many_queued_requests",
-                param=None,
-                status=429,
-                stream_id=create.stream_id,
-            )
-        lane.queue.append(create)
-        if lane.task is None:
-            lane.task = asyncio.create_task(self._drain(lane))
+        self.lanes.submit(create)
 
-    def _queued(self) -> int:
-        return self._waiting + sum(len(lane.queue) for lane in self._lanes.values())
-
-    async def _drain(self, lane: _Lane) -> None:
-        try:
-            while lane.queue:
-                item = lane.queue.popleft()
-                if isinstance(item, ProtocolError):
-                    await self.send_error(item.event())
-                    continue
-                # Still waiting while it waits for a slot: `max_queued` counts it.
-                self._waiting += 1
-                try:
-                    await self._in_flight.acquire()
-                finally:
-                    self._waiting -= 1
-                try:
-                    await self._run_turn(item)
-                finally:
-                    self._in_flight.release()
-        except ClientGone:
-            pass
-        finally:
-            lane.task = None
-            if not lane.queue and self._lanes.get(lane.stream_id) is lane:
-                del self._lanes[lane.stream_id]
-
-    async def _stop_lanes(self) -> None:
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        for lane in self._lanes.values():
-            lane.queue.clear()
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._lanes.clear()
-
-    # A turn.
-
-    async def _run_turn(self, create: CreateEvent) -> None:
-        previous: CachedResponse | None = None
-        forwarded = False
-        if create.previous_response_id is not None:
-            previous = self.cache.get(create.previous_response_id)
-            if previous is not None:
-                self.stats.cache_hits += 1
-                self.stats.bytes_saved += previous.context_bytes
-            else:
-                self.stats.cache_misses += 1
-                if self.settings.on_cache_miss != "forward":
-                    await self.send_error(_not_found(create))
-                    return
-                forwarded = True  # the handler resolves the id itself
-        digest = tools_digest(create.tools)
-        renderer = self.settings.renderer
-        current = Turn(
-            previous=previous,
-            new_input=create.new_input,
-            stream_id=create.stream_id,
-            tools_digest=digest,
-            generate=create.generate,
-            full_context=_full_context(self.settings.full_context, previous, forwarded),
-            tool_artifacts=self._tool_artifacts_for(digest),
-            principal=self.principal,
-            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
-        )
-        new_fragment = encode_items(create.new_input)
-        if not create.generate:
-            self.stats.warm_ups += 1
-            await self._warm_up(create, current, new_fragment)
-            return
-        self.stats.turns += 1
-        started = asyncio.get_running_loop().time()
-
-        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
-            node = CachedResponse(
-                size=size,
-                id=response["id"],
-                response=response,
-                input_items=create.new_input,
-                output_items=output,
-                parent=previous,
-                stream_id=create.stream_id,
-                tools_digest=digest,
-                artifacts=current.artifacts,
-                input_fragment=new_fragment,
-                remote=forwarded,
-            )
-            self._remember(node, current, output)
-            self._after_response(node, current, response)
-
-        def failed() -> None:
-            # A failed continuation on the parent's own lane drops the parent (PROTOCOL.md §4).
-            if previous is not None and previous.stream_id == create.stream_id:
-                self.cache.evict(previous.id)
-
-        stream = ResponseStream(
-            send_text=self.send_text,
-            stream_id=create.stream_id,
-            previous_response_id=create.previous_response_id,
-            on_finished=finished,
-            on_failed=failed,
-        )
-        body = build_body(
-            create, previous, full_context=current.full_context, new_fragment=new_fragment
-        )
-        scope = http_scope(
-            self.scope,
-            path=self._handler_path,
-            headers=self._headers,
-            body_length=len(body),
-            extension=current,
-        )
-        self._streams.add(stream)
-        call = asyncio.create_task(HandlerCall(self.settings.app, scope, body, stream).run())
-        # If the turn is abandoned just as the call fails, nobody reads the outcome here.
-        call.add_done_callback(_retrieve)
-        try:
-            await self._until_finished(stream, call)
-        finally:
-            self._streams.discard(stream)
-            if stream.finished:
-                elapsed = asyncio.get_running_loop().time() - started
-                self.stats.turn_finished(elapsed, failed=stream.failure is not None)
-                if stream.failure is not None:
-                    self.stats.error(stream.failure)
-        if not call.done():
-            # The client has its terminal event; what the handler still does (a background
-            # task, logging) goes on without holding up the lane.
-            self._keep(call)
-            return
-        try:
-            call.result()
-        except ClientGone:
-            raise
-        except Exception:
-            # ws_mode's own fault; the lane and the connection go on.
-            logger.exception("WebSocket mode turn failed")
-            if not stream.finished:
-                await stream.event(server_error("The server failed to run this request."))
-
-    async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
-        """Wait until the response ended or the handler call returned, whichever is first."""
-        ended = asyncio.create_task(stream.ended.wait())
-        try:
-            await asyncio.wait(
-                (call, ended),
-                timeout=self.limits.max_turn_seconds,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            ended.cancel()
-            if not stream.finished and not call.done():
-                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
-                call.cancel()
-                await asyncio.gather(call, return_exceptions=True)
-        if not stream.finished and call.cancelled():
-            await stream.event(
-                error_event(
-                    504,
-                    "server_error",
-                    "turn_timeout",
-                    f"The handler did not finish within {self.limits.max_turn_seconds:g} "
-                    "seconds (Limits.max_turn_seconds).",
-                )
-            )
-
-    async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
-        """`generate: false`: prepare the request's state and answer with an empty response.
-
-        The input is validated, encoded and rendered now, so the first generated turn that
-        continues from the warm-up finds it all cached.
-        """
-        fields = create.fields
-        response: dict[str, Any] = {
-            "id": "resp_" + secrets.token_hex(16),
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "model": fields.get("model"),
-            "output": [],
-            "previous_response_id": create.previous_response_id,
-            "instructions": fields.get("instructions"),
-            "tools": fields.get("tools") or [],
-            "tool_choice": fields.get("tool_choice", "auto"),
-            "parallel_tool_calls": fields.get("parallel_tool_calls", True),
-            "store": fields.get("store", False),
-            "metadata": fields.get("metadata") or {},
-            "usage": None,
-            "error": None,
-            "incomplete_details": None,
-        }
-        node = CachedResponse(
-            id=response["id"],
-            response=response,
-            input_items=create.new_input,
-            output_items=[],
-            parent=current.previous,
-            stream_id=create.stream_id,
-            tools_digest=current.tools_digest,
-            input_fragment=new_fragment,
-        )
-        self._remember(node, current, [])
-        node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
-        created = {**response, "status": "in_progress"}
-        events: list[dict[str, Any]] = [
-            {"type": "response.created", "sequence_number": 0, "response": created},
-            {"type": "response.completed", "sequence_number": 1, "response": response},
-        ]
-        for event in events:
-            if create.stream_id is not None:
-                event["stream_id"] = create.stream_id
-            await self.send_event(event)
-
-    # State kept across turns.
-
-    def _tool_artifacts_for(self, digest: bytes | None) -> dict[str, Any]:
-        artifacts = self._tool_artifacts.get(digest)
-        if artifacts is None:
-            artifacts = self._tool_artifacts[digest] = {}
-        return artifacts
-
-    def _remember(self, node: CachedResponse, current: Turn, output: list[dict[str, Any]]) -> None:
-        """Cache a finished response; its output is rendered later, off the next turn's path."""
-        renderer = self.settings.renderer
-        prefix, new_tokens = current.prefix_tokens, current.new_tokens
-        if renderer is not None and prefix is not None and new_tokens is not None:
-            node.defer_tokens(
-                lambda: prefix.extended(new_tokens, renderer(output) if output else ())
-            )
-        self.cache.put(node)
-
-    def _after_response(
-        self, node: CachedResponse, current: Turn, response: dict[str, Any]
-    ) -> None:
-        """Start the work that follows a finished response, without waiting for it."""
-        if self.settings.renderer is None and self.settings.on_response is None:
-            return
-        self._keep(asyncio.create_task(self._run_after_response(node, current, response)))
-
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        """Track work that outlives its turn, so the connection can finish it on close."""
-        self._after.add(task)
-        task.add_done_callback(_log_failure)
-        task.add_done_callback(self._after.discard)
-
-    async def _run_after_response(
-        self, node: CachedResponse, current: Turn, response: dict[str, Any]
-    ) -> None:
-        await asyncio.sleep(0)  # let the terminal event go out first
-        try:
-            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
-            hook = self.settings.on_response
-            if hook is not None:
-                result = hook(current, response)
-                if inspect.isawaitable(result):
-                    await result
-        except Exception:
-            logger.exception("post-response work failed for %s", node.id)
-
-    async def _finish_after_response_work(self) -> None:
-        if not self._after:
-            return
-        _done, pending = await asyncio.wait(set(self._after), timeout=AFTER_RESPONSE_GRACE)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
-    """Whether a turn's request carries the whole context in `input`."""
-    if previous is None:
-        return not forwarded
-    return mode == "always" and not previous.remote
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None and not isinstance(error, ClientGone):
-        logger.error("work after a response failed", exc_info=error)
-
-
-def _not_found(create: CreateEvent) -> dict[str, Any]:
-    return error_event(
-        400,
-        "invalid_request_error",
-        "previous_response_not_found",
-        f"Previous response with id '{create.previous_response_id}' not found.",
-        param="previous_response_id",
-        stream_id=create.stream_id,
-    )
+    async def _refuse(self, error: ProtocolError) -> None:
+        await self.send_error(error.event())

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,38 +15,18 @@ from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
 from .protocol import error_body
-from .stats import Stats
+from .settings import CacheMiss, FullContext, ResponseHook, Settings
 from .tokens import Renderer
 
-if TYPE_CHECKING:
-    from .turn import Turn
-
-__all__ = ["FullContext", "ResponseHook", "Settings", "WebSocketModeMiddleware"]
+__all__ = [
+    "FullContext",
+    "ResponseHook",
+    "Settings",
+    "WebSocketModeMiddleware",
+    "find_middlewares",
+]
 
 logger = logging.getLogger(__name__)
-
-FullContext = Literal["always", "on_miss"]
-CacheMiss = Literal["error", "forward"]
-
-#: Called after each finished response with its Turn and the terminal response object, off the
-#: path of the next turn (accounting, logging). May be a coroutine function.
-ResponseHook = Callable[["Turn", dict[str, Any]], Awaitable[None] | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """What every connection of one middleware shares; checked once, in `__init__`."""
-
-    app: ASGIApp
-    path: str
-    handler_path: str
-    full_context: FullContext
-    limits: Limits
-    renderer: Renderer | None = None
-    on_response: ResponseHook | None = None
-    on_cache_miss: CacheMiss = "error"
-    subprotocols: tuple[str, ...] = ()
-    stats: Stats = field(default_factory=Stats)
 
 
 class WebSocketModeMiddleware:
@@ -274,3 +253,22 @@ async def _deny(
         }
     )
     await send({"type": "websocket.http.response.body", "body": body})
+
+
+def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
+    """The WebSocket mode middlewares in an app: the app itself, or those reached through
+    `.app` attributes and Starlette's (and FastAPI's) middleware stack."""
+    found: list[WebSocketModeMiddleware] = []
+    node = app
+    seen: set[int] = set()
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        if isinstance(node, WebSocketModeMiddleware):
+            found.append(node)
+        if hasattr(node, "build_middleware_stack") and hasattr(node, "middleware_stack"):
+            if node.middleware_stack is None:  # Starlette builds it on the first call
+                node.middleware_stack = node.build_middleware_stack()
+            node = node.middleware_stack
+            continue
+        node = getattr(node, "app", None)
+    return found

@@ -11,31 +11,18 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 import uvicorn
 
-from .middleware import WebSocketModeMiddleware
+from .middleware import WebSocketModeMiddleware, find_middlewares
 
 __all__ = ["Server", "find_middlewares"]
-
-
-def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
-    """The WebSocket mode middlewares in a chain of apps that keep the next one as `.app`."""
-    found: list[WebSocketModeMiddleware] = []
-    seen: set[int] = set()
-    while app is not None and id(app) not in seen:
-        seen.add(id(app))
-        if isinstance(app, WebSocketModeMiddleware):
-            found.append(app)
-        app = getattr(app, "app", None)
-    return found
 
 
 class Server(uvicorn.Server):
     """A `uvicorn.Server` that drains WebSocket mode before it shuts down.
 
-    `middlewares` defaults to those found by following `.app` from the configured app.
+    `middlewares` defaults to those found in the configured app (`find_middlewares`).
     """
 
     def __init__(

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 import orjson
 from starlette.types import ASGIApp, Message, Scope
 
-from .protocol import TERMINAL_EVENT_BY_STATUS, error_event, server_error
+from .events import lifecycle_events
+from .protocol import error_event, server_error
 from .sse import SSEDecoder
 
 __all__ = ["ClientGone", "EventSink", "HandlerCall", "handler_headers", "http_scope"]
@@ -262,96 +262,3 @@ def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
         text("message") or f"The handler answered HTTP {status}.",
         param=text("param"),
     )
-
-
-def lifecycle_events(response: dict[str, Any]) -> Iterable[dict[str, Any]]:
-    """The events an SSE stream would have carried for a finished response object."""
-    output: list[Any] = response.get("output") or []
-    status = response.get("status") or "completed"
-    terminal = TERMINAL_EVENT_BY_STATUS.get(status)
-    if terminal is None:
-        yield server_error(
-            f"The handler answered with a response whose status is {status!r}, not finished."
-        )
-        return
-    started = {**response, "status": "in_progress", "output": [], "usage": None}
-    seq = _Counter()
-    yield {"type": "response.created", "sequence_number": seq(), "response": started}
-    yield {"type": "response.in_progress", "sequence_number": seq(), "response": started}
-    for index, item in enumerate(output):
-        if not isinstance(item, dict):
-            continue
-        yield from _item_events(index, item, seq)
-    yield {"type": terminal, "sequence_number": seq(), "response": response}
-
-
-class _Counter:
-    def __init__(self) -> None:
-        self.value = -1
-
-    def __call__(self) -> int:
-        self.value += 1
-        return self.value
-
-
-def _item_events(index: int, item: dict[str, Any], seq: _Counter) -> Iterable[dict[str, Any]]:
-    kind = item.get("type")
-    item_id = item.get("id")
-    if kind == "message":
-        started: dict[str, Any] = {**item, "status": "in_progress", "content": []}
-    elif kind == "function_call":
-        started = {**item, "status": "in_progress", "arguments": ""}
-    else:
-        started = item
-    yield {
-        "type": "response.output_item.added",
-        "sequence_number": seq(),
-        "output_index": index,
-        "item": started,
-    }
-    if kind == "message":
-        for part_index, part in enumerate(item.get("content") or []):
-            if not isinstance(part, dict):
-                continue
-            where = {"item_id": item_id, "output_index": index, "content_index": part_index}
-            text = part.get("text")
-            empty = {**part, "text": ""} if isinstance(text, str) else part
-            yield {
-                "type": "response.content_part.added",
-                "sequence_number": seq(),
-                **where,
-                "part": empty,
-            }
-            if part.get("type") == "output_text" and isinstance(text, str):
-                delta = {"type": "response.output_text.delta", "delta": text, "logprobs": []}
-                yield {**delta, "sequence_number": seq(), **where}
-                done = {"type": "response.output_text.done", "text": text, "logprobs": []}
-                yield {**done, "sequence_number": seq(), **where}
-            yield {
-                "type": "response.content_part.done",
-                "sequence_number": seq(),
-                **where,
-                "part": part,
-            }
-    elif kind == "function_call":
-        arguments = item.get("arguments") or ""
-        where = {"item_id": item_id, "output_index": index}
-        yield {
-            "type": "response.function_call_arguments.delta",
-            "sequence_number": seq(),
-            **where,
-            "delta": arguments,
-        }
-        yield {
-            "type": "response.function_call_arguments.done",
-            "sequence_number": seq(),
-            **where,
-            "arguments": arguments,
-            "name": item.get("name"),
-        }
-    yield {
-        "type": "response.output_item.done",
-        "sequence_number": seq(),
-        "output_index": index,
-        "item": item,
-    }

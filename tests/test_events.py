@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
 from pydantic import BaseModel
 
+from ws_mode.events import ResponseStream, lifecycle_events
 from ws_mode.protocol import server_error
-from ws_mode.stream import ResponseStream
 
 # The SDK's socket event union, each model picked by its type (the union has no discriminator).
 SERVER_EVENTS: dict[str, type[BaseModel]] = {
@@ -469,3 +469,50 @@ async def test_event_objects_get_the_stream_id() -> None:
     recorder = Recorder(stream_id=None)
     await recorder.stream.event(delta())
     assert recorder.decoded == [delta()]
+
+
+@pytest.mark.parametrize(
+    ("status", "terminal"),
+    [
+        ("completed", "response.completed"),
+        (None, "response.completed"),
+        ("incomplete", "response.incomplete"),
+        ("failed", "response.failed"),
+        ("cancelled", "response.failed"),
+    ],
+)
+def test_lifecycle_terminal_event_by_status(status: str | None, terminal: str) -> None:
+    events = list(lifecycle_events({"id": "r", "status": status, "output": []}))
+    assert [event["type"] for event in events] == [
+        "response.created",
+        "response.in_progress",
+        terminal,
+    ]
+
+
+@pytest.mark.parametrize("status", ["in_progress", "queued", "weird"])
+def test_lifecycle_of_an_unfinished_response_is_an_error(status: str) -> None:
+    (event,) = lifecycle_events({"id": "r", "status": status, "output": []})
+    assert event["type"] == "error"
+    assert event["status"] == 500
+    assert status in event["error"]["message"]
+
+
+def test_lifecycle_skips_items_that_are_not_objects() -> None:
+    events = list(lifecycle_events({"id": "r", "output": ["junk", {"type": "x", "id": "1"}]}))
+    assert [event["type"] for event in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[2]["output_index"] == 1
+
+
+def test_lifecycle_of_a_warm_up_leaves_out_in_progress() -> None:
+    response = {"id": "r", "status": "completed", "output": [], "usage": None}
+    events = list(lifecycle_events(response, in_progress=False))
+    assert [event["type"] for event in events] == ["response.created", "response.completed"]
+    assert events[0]["response"]["status"] == "in_progress"
+    assert [event["sequence_number"] for event in events] == [0, 1]

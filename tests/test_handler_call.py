@@ -19,14 +19,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from ws_mode.dispatch import (
+from ws_mode.events import ResponseStream
+from ws_mode.handler_call import (
     ClientGone,
     HandlerCall,
     handler_headers,
     http_scope,
-    lifecycle_events,
 )
-from ws_mode.stream import ResponseStream
 
 # The SDK's event union has no pydantic discriminator: pick each event's model by its type.
 STREAM_EVENTS: dict[str, type[BaseModel]] = {
@@ -545,45 +544,6 @@ async def test_json_answer_with_every_item_kind() -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    ("status", "terminal"),
-    [
-        ("completed", "response.completed"),
-        (None, "response.completed"),
-        ("incomplete", "response.incomplete"),
-        ("failed", "response.failed"),
-        ("cancelled", "response.failed"),
-    ],
-)
-def test_lifecycle_terminal_event_by_status(status: str | None, terminal: str) -> None:
-    events = list(lifecycle_events({"id": "r", "status": status, "output": []}))
-    assert [event["type"] for event in events] == [
-        "response.created",
-        "response.in_progress",
-        terminal,
-    ]
-
-
-@pytest.mark.parametrize("status", ["in_progress", "queued", "weird"])
-def test_lifecycle_of_an_unfinished_response_is_an_error(status: str) -> None:
-    (event,) = lifecycle_events({"id": "r", "status": status, "output": []})
-    assert event["type"] == "error"
-    assert event["status"] == 500
-    assert status in event["error"]["message"]
-
-
-def test_lifecycle_skips_items_that_are_not_objects() -> None:
-    events = list(lifecycle_events({"id": "r", "output": ["junk", {"type": "x", "id": "1"}]}))
-    assert [event["type"] for event in events] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.output_item.done",
-        "response.completed",
-    ]
-    assert events[2]["output_index"] == 1
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"resp"', b'{"output": "text"}', b""])
 async def test_json_answer_that_is_not_a_response(payload: bytes) -> None:
@@ -696,7 +656,7 @@ async def test_handler_raising_before_start(caplog: pytest.LogCaptureFixture) ->
         raise ValueError("broken handler")
 
     sink = Sink()
-    with caplog.at_level(logging.ERROR, logger="ws_mode.dispatch"):
+    with caplog.at_level(logging.ERROR, logger="ws_mode.handler_call"):
         await make_call(app, sink).run()
     (event,) = sink.events
     assert event["status"] == 500

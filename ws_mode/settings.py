@@ -1,0 +1,39 @@
+"""The settings every connection of one middleware shares, checked once when it is built."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from starlette.types import ASGIApp
+
+from .limits import Limits
+from .stats import Stats
+from .tokens import Renderer
+from .turn import Turn
+
+__all__ = ["CacheMiss", "FullContext", "ResponseHook", "Settings"]
+
+FullContext = Literal["always", "on_miss"]
+CacheMiss = Literal["error", "forward"]
+
+#: Called after each finished response with its Turn and the terminal response object, off the
+#: path of the next turn (accounting, logging). May be a coroutine function.
+ResponseHook = Callable[[Turn, dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What every connection of one middleware shares; checked once, in its `__init__`."""
+
+    app: ASGIApp
+    path: str
+    handler_path: str
+    full_context: FullContext
+    limits: Limits
+    renderer: Renderer | None = None
+    on_response: ResponseHook | None = None
+    on_cache_miss: CacheMiss = "error"
+    subprotocols: tuple[str, ...] = ()
+    stats: Stats = field(default_factory=Stats)

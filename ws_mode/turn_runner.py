@@ -1,0 +1,332 @@
+"""One turn, from a validated `response.create` to its cached response.
+
+The runner resolves `previous_response_id` in the connection's cache, builds the `Turn` and
+the handler's request, runs the in-process handler call with the events flowing to the socket,
+and on the terminal event caches the response. It also answers `generate: false` warm-ups and
+starts the work that follows a response (rendering its output, the `on_response` hook) off
+the next turn's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cachetools import LRUCache
+from starlette.types import Scope
+
+from .cache import CachedResponse, ResponseCache, encode_items
+from .client_events import CreateEvent
+from .events import ResponseStream, lifecycle_events
+from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
+from .protocol import encode_event, error_event, server_error
+from .settings import Settings
+from .turn import Turn, build_body, tools_digest
+
+__all__ = ["TurnRunner"]
+
+logger = logging.getLogger(__name__)
+
+# How many distinct tool sets keep their handler-made artifacts per connection.
+TOOL_SETS = 64
+# How long post-response work may run on after its connection closed.
+AFTER_RESPONSE_GRACE = 5.0
+
+
+class TurnRunner:
+    """Runs the turns of one connection against its cache.
+
+    `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
+    sends an error event of the connection's own.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        scope: Scope,
+        cache: ResponseCache,
+        *,
+        send_text: Callable[[str], Awaitable[None]],
+        send_error: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.stats = settings.stats
+        self.scope = scope
+        self.cache = cache
+        self.send_text = send_text
+        self.send_error = send_error
+        self.principal: Any = None
+        #: The responses streaming now.
+        self.streams: set[ResponseStream] = set()
+        self._headers = handler_headers(scope)
+        self._handler_path = scope.get("root_path", "") + settings.handler_path
+        self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
+        self._after: set[asyncio.Task[None]] = set()
+
+    async def run(self, create: CreateEvent) -> None:
+        """Serve one `response.create`: its events go to the socket, its response to the
+        cache."""
+        previous: CachedResponse | None = None
+        forwarded = False
+        if create.previous_response_id is not None:
+            previous = self.cache.get(create.previous_response_id)
+            if previous is not None:
+                self.stats.cache_hits += 1
+                self.stats.bytes_saved += previous.context_bytes
+            else:
+                self.stats.cache_misses += 1
+                if self.settings.on_cache_miss != "forward":
+                    await self.send_error(_not_found(create))
+                    return
+                forwarded = True  # the handler resolves the id itself
+        digest = tools_digest(create.tools)
+        renderer = self.settings.renderer
+        current = Turn(
+            previous=previous,
+            new_input=create.new_input,
+            stream_id=create.stream_id,
+            tools_digest=digest,
+            generate=create.generate,
+            full_context=_full_context(self.settings.full_context, previous, forwarded),
+            tool_artifacts=self._tool_artifacts_for(digest),
+            principal=self.principal,
+            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
+        )
+        new_fragment = encode_items(create.new_input)
+        if not create.generate:
+            self.stats.warm_ups += 1
+            await self._warm_up(create, current, new_fragment)
+            return
+        self.stats.turns += 1
+        started = asyncio.get_running_loop().time()
+
+        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
+            node = CachedResponse(
+                size=size,
+                id=response["id"],
+                response=response,
+                input_items=create.new_input,
+                output_items=output,
+                parent=previous,
+                stream_id=create.stream_id,
+                tools_digest=digest,
+                artifacts=current.artifacts,
+                input_fragment=new_fragment,
+                remote=forwarded,
+            )
+            self._remember(node, current, output)
+            self._after_response(node, current, response)
+
+        def failed() -> None:
+            # A failed continuation on the parent's own lane drops the parent
+            # (docs/protocol.md, "Conversation state").
+            if previous is not None and previous.stream_id == create.stream_id:
+                self.cache.evict(previous.id)
+
+        stream = ResponseStream(
+            send_text=self.send_text,
+            stream_id=create.stream_id,
+            previous_response_id=create.previous_response_id,
+            on_finished=finished,
+            on_failed=failed,
+        )
+        body = build_body(
+            create, previous, full_context=current.full_context, new_fragment=new_fragment
+        )
+        scope = http_scope(
+            self.scope,
+            path=self._handler_path,
+            headers=self._headers,
+            body_length=len(body),
+            extension=current,
+        )
+        self.streams.add(stream)
+        call = asyncio.create_task(HandlerCall(self.settings.app, scope, body, stream).run())
+        # If the turn is abandoned just as the call fails, nobody reads the outcome here.
+        call.add_done_callback(_retrieve)
+        try:
+            await self._until_finished(stream, call)
+        finally:
+            self.streams.discard(stream)
+            if stream.finished:
+                elapsed = asyncio.get_running_loop().time() - started
+                self.stats.turn_finished(elapsed, failed=stream.failure is not None)
+                if stream.failure is not None:
+                    self.stats.error(stream.failure)
+        if not call.done():
+            # The client has its terminal event; what the handler still does (a background
+            # task, logging) goes on without holding up the lane.
+            self._keep(call)
+            return
+        try:
+            call.result()
+        except ClientGone:
+            raise
+        except Exception:
+            # ws_mode's own fault; the lane and the connection go on.
+            logger.exception("WebSocket mode turn failed")
+            if not stream.finished:
+                await stream.event(server_error("The server failed to run this request."))
+
+    async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
+        """Wait until the response ended or the handler call returned, whichever is first."""
+        ended = asyncio.create_task(stream.ended.wait())
+        try:
+            await asyncio.wait(
+                (call, ended),
+                timeout=self.limits.max_turn_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ended.cancel()
+            if not stream.finished and not call.done():
+                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+        if not stream.finished and call.cancelled():
+            await stream.event(
+                error_event(
+                    504,
+                    "server_error",
+                    "turn_timeout",
+                    f"The handler did not finish within {self.limits.max_turn_seconds:g} "
+                    "seconds (Limits.max_turn_seconds).",
+                )
+            )
+
+    async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
+        """`generate: false`: prepare the request's state and answer with an empty response.
+
+        The input is validated, encoded and rendered now, so the first generated turn that
+        continues from the warm-up finds it all cached.
+        """
+        fields = create.fields
+        response: dict[str, Any] = {
+            "id": "resp_" + secrets.token_hex(16),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": fields.get("model"),
+            "output": [],
+            "previous_response_id": create.previous_response_id,
+            "instructions": fields.get("instructions"),
+            "tools": fields.get("tools") or [],
+            "tool_choice": fields.get("tool_choice", "auto"),
+            "parallel_tool_calls": fields.get("parallel_tool_calls", True),
+            "store": fields.get("store", False),
+            "metadata": fields.get("metadata") or {},
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        node = CachedResponse(
+            id=response["id"],
+            response=response,
+            input_items=create.new_input,
+            output_items=[],
+            parent=current.previous,
+            stream_id=create.stream_id,
+            tools_digest=current.tools_digest,
+            input_fragment=new_fragment,
+        )
+        self._remember(node, current, [])
+        node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
+        for event in lifecycle_events(response, in_progress=False):
+            if create.stream_id is not None:
+                event["stream_id"] = create.stream_id
+            await self.send_text(encode_event(event))
+
+    # State kept across turns.
+
+    def _tool_artifacts_for(self, digest: bytes | None) -> dict[str, Any]:
+        artifacts = self._tool_artifacts.get(digest)
+        if artifacts is None:
+            artifacts = self._tool_artifacts[digest] = {}
+        return artifacts
+
+    def _remember(self, node: CachedResponse, current: Turn, output: list[dict[str, Any]]) -> None:
+        """Cache a finished response; its output is rendered later, off the next turn's path."""
+        renderer = self.settings.renderer
+        prefix, new_tokens = current.prefix_tokens, current.new_tokens
+        if renderer is not None and prefix is not None and new_tokens is not None:
+            node.defer_tokens(
+                lambda: prefix.extended(new_tokens, renderer(output) if output else ())
+            )
+        self.cache.put(node)
+
+    # Work after a response.
+
+    def _after_response(
+        self, node: CachedResponse, current: Turn, response: dict[str, Any]
+    ) -> None:
+        """Start the work that follows a finished response, without waiting for it."""
+        if self.settings.renderer is None and self.settings.on_response is None:
+            return
+        self._keep(asyncio.create_task(self._run_after_response(node, current, response)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Track work that outlives its turn, so the connection can finish it on close."""
+        self._after.add(task)
+        task.add_done_callback(_log_failure)
+        task.add_done_callback(self._after.discard)
+
+    async def _run_after_response(
+        self, node: CachedResponse, current: Turn, response: dict[str, Any]
+    ) -> None:
+        await asyncio.sleep(0)  # let the terminal event go out first
+        try:
+            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
+            hook = self.settings.on_response
+            if hook is not None:
+                result = hook(current, response)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            logger.exception("post-response work failed for %s", node.id)
+
+    async def finish_after_response_work(self) -> None:
+        """Give work still running after its response a grace period, then cancel it."""
+        if not self._after:
+            return
+        _done, pending = await asyncio.wait(set(self._after), timeout=AFTER_RESPONSE_GRACE)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
+    """Whether a turn's request carries the whole context in `input`."""
+    if previous is None:
+        return not forwarded
+    return mode == "always" and not previous.remote
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, ClientGone):
+        logger.error("work after a response failed", exc_info=error)
+
+
+def _not_found(create: CreateEvent) -> dict[str, Any]:
+    return error_event(
+        400,
+        "invalid_request_error",
+        "previous_response_not_found",
+        f"Previous response with id '{create.previous_response_id}' not found.",
+        param="previous_response_id",
+        stream_id=create.stream_id,
+    )
