@@ -14,6 +14,7 @@ from openai.types.responses.responses_server_event import ResponseWsError
 
 from ws_mode.client_events import (
     CreateEvent,
+    ProcessedEvent,
     ProtocolError,
     SteerEvent,
     parse_client_event,
@@ -52,14 +53,15 @@ def create_refusal(**data: Any) -> ProtocolError:
 
 
 def assert_envelope(event: dict[str, Any]) -> None:
-    """The nested error envelope of PROTOCOL.md §6, also as the openai SDK parses it."""
+    """The nested error envelope (docs/protocol.md, "Errors"), also as the openai SDK parses it."""
     assert event["type"] == "error"
     assert isinstance(event["status"], int)
-    assert set(event) <= {"type", "status", "error", "stream_id"}
+    assert set(event) <= {"type", "sequence_number", "status", "error", "stream_id"}
+    assert isinstance(event["sequence_number"], int)  # clients' schemas require it
     error = event["error"]
     assert set(error) == {"type", "code", "message", "param"}
     assert isinstance(error["type"], str)
-    assert error["code"] is None or isinstance(error["code"], str)
+    assert isinstance(error["code"], str)
     assert isinstance(error["message"], str)
     assert error["message"]
     assert error["param"] is None or isinstance(error["param"], str)
@@ -376,12 +378,14 @@ def test_error_event_shape() -> None:
     event = error_event(400, "invalid_request_error", "c", "m", param="p", stream_id="s")
     assert event == {
         "type": "error",
+        "sequence_number": 0,
         "status": 400,
         "stream_id": "s",
         "error": {"type": "invalid_request_error", "code": "c", "message": "m", "param": "p"},
     }
     assert_envelope(event)
     assert "stream_id" not in error_event(400, "t", None, "m")
+    assert error_event(400, "t", None, "m")["error"]["code"] == "t"  # never null
 
 
 def test_server_error_shape() -> None:
@@ -553,3 +557,10 @@ def test_text_that_is_not_json_is_invalid_json(text: str) -> None:
     error = refusal(text)
     assert error.code == "invalid_json"
     assert_envelope(error.event())
+
+
+def test_response_processed_is_an_acknowledgement() -> None:
+    """Codex acknowledges each response with `response.processed`; it needs no answer."""
+    event = parse_client_event(json.dumps({"type": "response.processed", "response_id": "r"}))
+    assert isinstance(event, ProcessedEvent)
+    assert event.response_id == "r"

@@ -377,7 +377,7 @@ async def test_flat_error_with_non_string_code_and_param_fits_the_envelope() -> 
     recorder = Recorder(stream_id=None)
     await recorder.sse("error", {"type": "error", "code": 429, "message": "m", "param": ["input"]})
     (event,) = recorder.decoded
-    assert event["error"]["code"] is None
+    assert event["error"]["code"] == "server_error"  # always a string
     assert event["error"]["param"] is None
     ResponseWsError.model_validate(event)
 
@@ -397,7 +397,7 @@ async def test_nested_sse_error_is_kept(error: dict[str, Any], status: int) -> N
     (event,) = recorder.decoded
     assert event["status"] == status
     assert event["error"]["type"] == error.get("type", "server_error")
-    assert event["error"]["code"] == error["code"]
+    assert event["error"]["code"] == error["code"] or event["error"]["type"]
     assert event["stream_id"] == "lane"
     ResponseWsError.model_validate(event)
     assert recorder.failed == 1
@@ -516,3 +516,43 @@ def test_lifecycle_of_a_warm_up_leaves_out_in_progress() -> None:
     assert [event["type"] for event in events] == ["response.created", "response.completed"]
     assert events[0]["response"]["status"] == "in_progress"
     assert [event["sequence_number"] for event in events] == [0, 1]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "data",
+    [b"{not json}", b"{", b"[1, 2]", b'"text"', b"", b'{"a": 1} trailing', b"\xff\xfe"],
+)
+async def test_an_event_that_is_not_a_json_object_never_reaches_the_client(data: bytes) -> None:
+    """Whatever the event type, even one forwarded without re-encoding, the client gets
+    JSON objects only: garbage from the handler becomes an error event for the turn."""
+    recorder = Recorder()
+    await recorder.sse("response.output_text.delta", {"type": "response.output_text.delta"})
+    await recorder.stream.sse_event("response.output_text.delta", data)
+    first, error = recorder.decoded  # every frame parses as JSON
+    assert first["type"] == "response.output_text.delta"
+    assert error["type"] == "error"
+    assert error["status"] == 500
+    assert error["error"]["code"] == "server_error"
+    assert error["stream_id"] == "lane"
+    assert recorder.failed == 1
+
+
+@pytest.mark.anyio
+async def test_an_error_made_mid_stream_is_numbered_after_the_events_before_it() -> None:
+    recorder = Recorder()
+    for number in range(3):
+        delta = {"type": "response.output_text.delta", "sequence_number": number}
+        await recorder.sse("response.output_text.delta", delta)
+    await recorder.stream.event(server_error("The handler failed."))
+    assert recorder.decoded[-1]["sequence_number"] == 3
+
+
+@pytest.mark.anyio
+async def test_a_handler_error_keeps_its_own_sequence_number() -> None:
+    recorder = Recorder()
+    await recorder.sse(
+        "error", {"type": "error", "sequence_number": 7, "code": "x", "message": "m"}
+    )
+    (event,) = recorder.decoded
+    assert event["sequence_number"] == 7

@@ -569,7 +569,7 @@ async def test_4xx_json_error_becomes_one_error_event(status: int) -> None:
     sink = Sink()
     await make_call(json_app({"error": error}, status=status), sink).run()
     assert sink.events == [
-        {"type": "error", "status": status, "error": error},
+        {"type": "error", "sequence_number": 0, "status": status, "error": error},
     ]
     parsed = ResponseWsError.model_validate(sink.events[0])
     assert parsed.status == status
@@ -583,10 +583,11 @@ async def test_4xx_error_body_with_missing_or_odd_fields() -> None:
     assert sink.events == [
         {
             "type": "error",
+            "sequence_number": 0,
             "status": 403,
             "error": {
                 "type": "invalid_request_error",
-                "code": None,
+                "code": "invalid_request_error",  # a string always: the type stands in
                 "message": "Nope.",
                 "param": None,
             },
@@ -615,10 +616,11 @@ async def test_5xx_non_json_body() -> None:
     assert sink.events == [
         {
             "type": "error",
+            "sequence_number": 0,
             "status": 502,
             "error": {
                 "type": "server_error",
-                "code": None,
+                "code": "server_error",
                 "message": "upstream timed out",
                 "param": None,
             },
@@ -851,10 +853,11 @@ async def test_starlette_json_and_error_handlers() -> None:
     assert sink.events == [
         {
             "type": "error",
+            "sequence_number": 0,
             "status": 429,
             "error": {
                 "type": "invalid_request_error",
-                "code": None,
+                "code": "invalid_request_error",
                 "message": "quota exhausted",
                 "param": None,
             },

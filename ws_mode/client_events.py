@@ -17,6 +17,7 @@ from .protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
 
 __all__ = [
     "CreateEvent",
+    "ProcessedEvent",
     "ProtocolError",
     "SteerEvent",
     "parse_client_event",
@@ -115,10 +116,18 @@ class SteerEvent:
     input: Any
 
 
-_EVENTS = ("response.create", "response.steer")
+@dataclass(slots=True)
+class ProcessedEvent:
+    """A `response.processed`: the client says it has handled a response (Codex sends it).
+    Nothing answers it."""
+
+    response_id: Any
 
 
-def parse_client_event(text: str) -> CreateEvent | SteerEvent:
+_EVENTS = ("response.create", "response.steer", "response.processed")
+
+
+def parse_client_event(text: str) -> CreateEvent | SteerEvent | ProcessedEvent:
     """Parse and validate one text frame; raise `ProtocolError` when it is not acceptable."""
     try:
         data = orjson.loads(text)
@@ -134,6 +143,8 @@ def parse_client_event(text: str) -> CreateEvent | SteerEvent:
         return _parse_create(data)
     if event_type == "response.steer":
         return _parse_steer(data)
+    if event_type == "response.processed":
+        return ProcessedEvent(response_id=data.get("response_id"))
     if event_type is None:
         raise ProtocolError(
             "The message has no 'type'; expected one of: " + ", ".join(_EVENTS) + ".",

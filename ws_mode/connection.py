@@ -223,10 +223,11 @@ class Connection:
             return
         try:
             event = parse_client_event(text)
-            if isinstance(event, SteerEvent):
-                await self._on_steer(event)
-            else:
+            if isinstance(event, CreateEvent):
                 self._submit(event)
+            elif isinstance(event, SteerEvent):
+                await self._on_steer(event)
+            # A `response.processed` acknowledgement needs no answer.
         except ProtocolError as exc:
             # A busy lane answers it after what runs before it.
             if not self.lanes.refuse_in_order(exc):

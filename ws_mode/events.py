@@ -1,10 +1,11 @@
 """A response's events on their way to the socket, and the events of a finished response.
 
-Most events are forwarded without decoding their JSON: the SSE `event:` line names the type,
-and a lane's `stream_id` is spliced into the encoded object. Only the events that carry the
-response object (`response.created`, `response.completed`, ...), finished output items and
-errors are decoded: the first to echo the client's `previous_response_id`, the terminal ones to
-advance the cache before the client hears the response finished.
+Every event is checked to be a JSON object (a handler that sends anything else gets an error
+event for its turn), but most go out as the handler encoded them: the SSE `event:` line names
+the type, and a lane's `stream_id` is spliced into the encoded object. Only the events that
+carry the response object (`response.created`, `response.completed`, ...), finished output items
+and errors are re-encoded: the first to echo the client's `previous_response_id`, the terminal
+ones to advance the cache before the client hears the response finished.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ResponseStream:
     __slots__ = (
         "_output_items",
         "_prefix",
+        "_sent",
         "ended",
         "failure",
         "finished",
@@ -76,41 +78,41 @@ class ResponseStream:
         self.failure: str | None = None
         self.response_id: str | None = None
         self._output_items: dict[int, dict[str, Any]] = {}
+        self._sent = 0  # events sent so far: the next one's sequence_number
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
 
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """Forward one event of the handler's SSE stream."""
         if self.finished:
             return
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict):
+            await self.event(server_error("The handler sent an event that is not a JSON object."))
+            return
         if event_type is None or event_type in DECODED_EVENTS:
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                event = None
-            if not isinstance(event, dict):
-                await self.event(server_error("The handler sent an event that is not JSON."))
-                return
             if event_type != "response.output_item.done":
-                await self.event(event)
+                await self.event(event, from_handler=True)
                 return
             self._remember_item(event)
-        if not (data[:1] == b"{" and data[-1:] == b"}"):
-            data = data.strip()
-            if not (data[:1] == b"{" and data[-1:] == b"}"):
-                await self.event(
-                    server_error("The handler sent an event that is not a JSON object.")
-                )
-                return
+        data = data.strip()
         if self._prefix is not None:
             if data[1:2] == b'"':  # `{"key":...}`: splice the lane in after the brace
                 data = self._prefix + data[1:]
             else:
                 rest = data[1:].lstrip()
                 data = self._prefix + rest if rest != b"}" else self._prefix[:-1] + b"}"
+        self._sent += 1
         await self.send_text(data.decode("utf-8", "replace"))
 
-    async def event(self, event: dict[str, Any]) -> None:
-        """Forward an event given as an object, updating the stream's state from it."""
+    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+        """Forward an event given as an object, updating the stream's state from it.
+
+        An error event ws_mode made (not `from_handler`) is numbered after the events sent
+        before it.
+        """
         if self.finished:
             return
         kind = event.get("type")
@@ -123,6 +125,8 @@ class ResponseStream:
                     self.response_id = response["id"]
         elif kind == "error":
             event = _nested_error(event)
+            if not from_handler or not isinstance(event.get("sequence_number"), int):
+                event["sequence_number"] = self._sent
         elif kind == "response.output_item.done":
             self._remember_item(event)
         if self.stream_id is not None:
@@ -134,6 +138,7 @@ class ResponseStream:
             self._succeed(response, len(text))
         elif kind in FAILURE_EVENTS:
             self._fail(_failure_code(event))
+        self._sent += 1
         await self.send_text(text)
 
     def _remember_item(self, event: dict[str, Any]) -> None:
@@ -167,15 +172,14 @@ def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
     fields = error if isinstance(error, dict) else event
     kind = _text(fields.get("type") if fields is error else event.get("error_type"))
     status = event.get("status")
+    kind = kind or "server_error"
     nested: dict[str, Any] = {
         "type": "error",
-        "status": status
-        if isinstance(status, int)
-        else (400 if kind and kind != "server_error" else 500),
+        "status": status if isinstance(status, int) else (400 if kind != "server_error" else 500),
         "error": {
             **(error if isinstance(error, dict) else {}),
-            "type": kind or "server_error",
-            "code": _text(fields.get("code")),
+            "type": kind,
+            "code": _text(fields.get("code")) or kind,
             "message": _text(fields.get("message")) or "The handler reported an error.",
             "param": _text(fields.get("param")),
         },

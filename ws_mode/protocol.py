@@ -68,12 +68,18 @@ def error_event(
     *,
     param: str | None = None,
     stream_id: str | None = None,
+    sequence_number: int = 0,
 ) -> dict[str, Any]:
-    """Build the nested error envelope of an error event (docs/protocol.md, "Errors")."""
+    """Build the nested error envelope of an error event (docs/protocol.md, "Errors").
+
+    Every error event has a `sequence_number` and a string `code`: clients' schemas require
+    both. A missing code becomes the error's type (`server_error`, `invalid_request_error`).
+    """
     event: dict[str, Any] = {
         "type": "error",
+        "sequence_number": sequence_number,
         "status": status,
-        "error": {"type": type, "code": code, "message": message, "param": param},
+        "error": {"type": type, "code": code or type, "message": message, "param": param},
     }
     if stream_id is not None:
         event["stream_id"] = stream_id

@@ -148,7 +148,7 @@ def test_handler_500_non_json(server: Server, tag: str, prefix: str) -> None:
     with server.connect(prefix) as conn:
         events = turn(conn, tag, model="error-500", input="Hi", stream_id="x")
         assert len(events) == 1
-        error = expect_error(events[0], 500, None, type="server_error", stream_id="x")
+        error = expect_error(events[0], 500, "server_error", type="server_error", stream_id="x")
         assert "upstream exploded" in error.error.message
         still_works(conn, tag)
 
@@ -270,12 +270,23 @@ def test_json_handler_gets_lifecycle_events_synthesized(server: Server, tag: str
         assert completed_response(events).output_text == "Done: received 5 items."
 
 
+def test_response_processed_gets_no_answer_and_the_socket_goes_on(server: Server, tag: str) -> None:
+    """Codex acknowledges responses with `response.processed`; an error in reply would fail
+    its next turn."""
+    with server.raw() as ws:
+        ws.send({"type": "response.processed", "response_id": "resp_any"})
+        ws.expect_silence(0.2)
+        ws.send(create(tag, input="Hi"))
+        assert ws.recv()["type"] == "response.created"
+
+
 def test_raw_error_envelope_is_nested(server: Server, tag: str) -> None:
     with server.raw() as ws:
         ws.send(create(tag, input="Hi", previous_response_id="resp_nope", stream_id="main"))
         error = ws.recv()
         assert error == {
             "type": "error",
+            "sequence_number": 0,
             "status": 400,
             "stream_id": "main",
             "error": {

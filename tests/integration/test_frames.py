@@ -84,7 +84,7 @@ def test_bad_frame_gets_one_error_and_the_socket_stays_usable(
         else:
             ws.send_text(frame)
         error = ws.recv()
-        assert set(error) == {"type", "status", "error"}
+        assert set(error) == {"type", "sequence_number", "status", "error"}
         assert error["type"] == "error"
         assert error["status"] == 400
         assert error["error"]["type"] == "invalid_request_error"

@@ -48,6 +48,7 @@ def test_connection_lifetime_limit(server: Server, tag: str) -> None:
         elapsed = time.monotonic() - started
         assert error == {
             "type": "error",
+            "sequence_number": 0,
             "status": 400,
             "error": {
                 "type": "invalid_request_error",
