@@ -309,7 +309,7 @@ def _expect(text: str) -> tuple[Any, str | None, bool, str | None]:
 
 
 def check_error(event: dict[str, Any]) -> None:
-    """The nested error envelope of PROTOCOL.md §6, as strictly as the SDK parses it."""
+    """The nested error envelope (docs/protocol.md, "Errors"), as strictly as the SDK parses it."""
     parsed = ResponseWsError.model_validate(event)
     assert parsed.type == "error"
     assert set(event) <= ERROR_KEYS, event
