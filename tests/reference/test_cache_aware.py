@@ -16,6 +16,7 @@ from starlette.testclient import WebSocketTestSession as Socket
 
 from ws_mode import Renderer, WebSocketModeMiddleware
 from ws_mode.cache import CachedResponse
+from ws_mode.protocol import FAILURE_EVENTS
 from ws_mode.reference import (
     ReferenceConfig,
     ReferenceTokenizer,
@@ -68,7 +69,7 @@ class Rig:
         create = {"type": "response.create", **FIELDS, **fields, "input": new}
         socket.send_text(orjson.dumps(create).decode())
         while (event := orjson.loads(socket.receive_text()))["type"] != "response.completed":
-            assert event["type"] not in ("error", "response.failed"), event
+            assert event["type"] not in FAILURE_EVENTS, event
         return Measured(event["response"], self.stats.snapshot())
 
 

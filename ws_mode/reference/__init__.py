@@ -15,7 +15,8 @@ the same. Needs the ``tokenizers`` package (``pip install "ws-mode[cli]"``).
 """
 
 from ws_mode.reference.model import ReferenceConfig, context_digest, fold_items, script
-from ws_mode.reference.server import ReferenceStats, create_app
+from ws_mode.reference.server import create_app
+from ws_mode.reference.stats import ReferenceStats
 from ws_mode.reference.tokenizer import ReferenceTokenizer, render_items
 
 __all__ = [

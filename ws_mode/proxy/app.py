@@ -1,70 +1,38 @@
-"""A streaming HTTP proxy to a remote Responses server, as an ASGI app.
+"""The proxy as an ASGI app: :class:`ResponsesProxy` forwards each HTTP request upstream and
+streams the answer back, both ways at once, and stops the upstream when the client leaves.
 
-Wrapped by :class:`~ws_mode.WebSocketModeMiddleware`, it gives WebSocket mode to any server that
-speaks the HTTP Responses API (vLLM, Ollama, LiteLLM, OpenAI itself)::
-
-    from ws_mode import WebSocketModeMiddleware
-    from ws_mode.proxy import create_proxy
-
-    app = WebSocketModeMiddleware(create_proxy("http://localhost:8000/v1"))
-
-Every HTTP request is forwarded with httpx, streaming both ways: the request body goes up as
-it arrives, the answer comes down chunk by chunk as the upstream sends it (an SSE stream flows
-event by event). See ``docs/proxy.md`` for the path rule, authentication and limits.
-Needs the ``cli`` extra (httpx): ``pip install "ws-mode[cli]"``.
+Where a request goes (:meth:`ResponsesProxy.url_for`), the headers that cross, and how upstream
+failures reach the client are described in ``docs/proxy.md``; the upstream side of it is
+:mod:`ws_mode.proxy.upstream`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Final
 from urllib.parse import quote, urlsplit
 
 import httpx
-import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from .errors import ConfigError
-from .protocol import error_body
+from ws_mode.errors import ConfigError
+from ws_mode.proxy.upstream import (
+    DEFAULT_LIMITS,
+    DEFAULT_TIMEOUT,
+    REQUEST_DROPPED,
+    UpstreamFailure,
+    answer_headers,
+    check_upstream,
+    forwarded_headers,
+    header,
+    log_failure,
+)
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ResponsesProxy", "create_proxy"]
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
-"""600 s to wait for each read (a long generation, a gap between events), 10 s to connect."""
-
-DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-"""Connections to the upstream: a proxy holds one per response being streamed."""
+__all__ = ["API_PREFIX", "ResponsesProxy", "create_proxy"]
 
 API_PREFIX: Final = "/v1"
-
-# Hop-by-hop headers (RFC 9110 §7.6.1), and the ones named by `Connection`, never forwarded.
-_HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Request headers the proxy sets itself: httpx sets `host` and the body's length, the upstream
-# is asked for an uncompressed answer, and `expect` was the front server's business.
-_REQUEST_DROPPED: Final = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
-# Response headers the front server sets itself (it would send them twice otherwise).
-_RESPONSE_DROPPED: Final = _HOP_BY_HOP | {"date", "server"}
-# Encodings httpx decodes without optional packages: an upstream that compresses in spite of
-# `accept-encoding: identity` has these undone, so an event stream stays readable.
-_DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
+"""The client path prefix an upstream URL with a path stands for."""
 
 
 class _Exchange:
@@ -102,7 +70,7 @@ class ResponsesProxy:
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.upstream = _check_upstream(upstream)
+        self.upstream = check_upstream(upstream)
         parts = urlsplit(self.upstream)
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._base_path = parts.path
@@ -220,8 +188,8 @@ class ResponsesProxy:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.RequestError as exc:
-            _log_failure(exc, request)
-            await _send_error(send, *_error_for(exc))
+            log_failure(exc, request)
+            await UpstreamFailure.of(exc).send(send)
             state.answered = True
             return
         try:
@@ -235,7 +203,7 @@ class ResponsesProxy:
         if root_path and path.startswith(root_path):
             path = path[len(root_path) :] or "/"
         url = self.url_for(quote(path, safe="/:@!$&'()*+,;=~"), scope.get("query_string", b""))
-        headers = _forwarded_headers(scope.get("headers", ()), _REQUEST_DROPPED)
+        headers = forwarded_headers(scope.get("headers", ()), REQUEST_DROPPED)
         if self._authorization is not None:
             headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
             headers.append((b"authorization", self._authorization))
@@ -249,24 +217,14 @@ class ResponsesProxy:
             state.body_read.set()
             content = chunk  # the whole body at once (the middleware's turns): a Content-Length
         else:
-            length = _header(scope, b"content-length")
+            length = header(scope, b"content-length")
             if length is not None:
                 headers.append((b"content-length", length))
             content = _body(chunk, receive, state)
         return self.client.build_request(scope["method"], url, headers=headers, content=content)
 
     async def _answer(self, response: httpx.Response, send: Send, state: _Exchange) -> None:
-        headers = _forwarded_headers(response.headers.raw, _RESPONSE_DROPPED)
-        encodings = [
-            value.strip().lower()
-            for value in response.headers.get("content-encoding", "").split(",")
-            if value.strip() and value.strip().lower() != "identity"
-        ]
-        decode = bool(encodings) and all(value in _DECODED for value in encodings)
-        if decode:
-            # The upstream compressed anyway; undo it, so the sizes and encoding change.
-            dropped = (b"content-encoding", b"content-length")
-            headers = [(k, v) for k, v in headers if k.lower() not in dropped]
+        headers, decode = answer_headers(response)
         chunks = response.aiter_bytes() if decode else response.aiter_raw()
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
@@ -279,20 +237,14 @@ class ResponsesProxy:
                     tail = (tail + chunk)[-4:]
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.RequestError as exc:
-            _log_failure(exc, response.request)
+            log_failure(exc, response.request)
             at_boundary = tail.endswith((b"\n\n", b"\r\r", b"\r\n\r\n"))
             if not (event_stream and at_boundary):
                 raise _UpstreamBroke(f"the upstream's answer broke off: {exc!r}") from exc
-            # Between two events: end the stream with an error event clients understand
-            # (`status` is what the middleware puts on the socket's error event).
-            status, _kind, code, message = _error_for(exc)
-            data = orjson.dumps(
-                {"type": "error", "status": status, "code": code, "message": message, "param": None}
-            )
+            # Between two events: end the stream with an error event clients understand.
             state.answered = True
-            await send(
-                {"type": "http.response.body", "body": b"event: error\ndata: " + data + b"\n\n"}
-            )
+            body = UpstreamFailure.of(exc).sse_event()
+            await send({"type": "http.response.body", "body": body})
             return
         state.answered = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -321,45 +273,7 @@ def create_proxy(
     return ResponsesProxy(upstream, api_key=api_key, timeout=timeout, client=client)
 
 
-# Helpers.
-
-
-def _check_upstream(upstream: object) -> str:
-    if not isinstance(upstream, str):
-        raise ConfigError(f"upstream must be a URL string, got {type(upstream).__name__}.")
-    parts = urlsplit(upstream.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"upstream must be an http:// or https:// URL with a host, got {upstream!r}."
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError(f"upstream must not have a query or a fragment, got {upstream!r}.")
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
-
-
-def _forwarded_headers(
-    headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[str]
-) -> list[tuple[bytes, bytes]]:
-    """``headers`` minus ``dropped`` and whatever their ``Connection`` header names."""
-    pairs = [(bytes(name).lower(), bytes(value)) for name, value in headers]
-    named = {
-        token.strip().lower()
-        for name, value in pairs
-        if name == b"connection"
-        for token in value.decode("latin-1").split(",")
-    }
-    return [
-        (name, value)
-        for name, value in pairs
-        if (text := name.decode("latin-1")) not in dropped and text not in named
-    ]
-
-
-def _header(scope: Scope, wanted: bytes) -> bytes | None:
-    for name, value in scope.get("headers", ()):
-        if name.lower() == wanted:
-            return bytes(value)
-    return None
+# The request body and the client's departure.
 
 
 async def _body(first: bytes, receive: Receive, state: _Exchange) -> AsyncIterator[bytes]:
@@ -385,49 +299,3 @@ async def _until_disconnect(receive: Receive, state: _Exchange) -> None:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _error_for(exc: httpx.RequestError) -> tuple[int, str, str, str]:
-    """Status, error type, code and message for a failure to reach the upstream."""
-    if isinstance(exc, httpx.TimeoutException):
-        return (
-            504,
-            "server_error",
-            "upstream_timeout",
-            f"The upstream Responses server did not answer in time ({type(exc).__name__}).",
-        )
-    if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol):
-        return (
-            502,
-            "server_error",
-            "upstream_unreachable",
-            f"The upstream Responses server could not be reached ({type(exc).__name__}).",
-        )
-    return (
-        502,
-        "server_error",
-        "upstream_error",
-        f"The upstream Responses server failed to answer ({type(exc).__name__}).",
-    )
-
-
-def _log_failure(exc: httpx.RequestError, request: httpx.Request) -> None:
-    # The upstream's address is logged for the operator, never sent to the client.
-    url = request.url.copy_with(username=None, password=None)
-    logger.warning("proxying %s %s failed: %r", request.method, url, exc)
-
-
-async def _send_error(send: Send, status: int, kind: str, code: str, message: str) -> None:
-    body = error_body(kind, code, message)
-    with contextlib.suppress(Exception):  # the client may have gone meanwhile
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})

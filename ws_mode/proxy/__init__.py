@@ -1,0 +1,24 @@
+"""A streaming HTTP proxy to a remote Responses server, as an ASGI app.
+
+Wrapped by :class:`~ws_mode.WebSocketModeMiddleware`, it gives WebSocket mode to any server that
+speaks the HTTP Responses API (vLLM, Ollama, LiteLLM, OpenAI itself)::
+
+    from ws_mode import WebSocketModeMiddleware
+    from ws_mode.proxy import create_proxy
+
+    app = WebSocketModeMiddleware(create_proxy("http://localhost:8000/v1"))
+
+Every HTTP request is forwarded with httpx, streaming both ways: the request body goes up as
+it arrives, the answer comes down chunk by chunk as the upstream sends it (an SSE stream flows
+event by event). See ``docs/proxy.md`` for the path rule, authentication and limits.
+Needs the ``cli`` extra (httpx): ``pip install "ws-mode[cli]"``.
+
+The ASGI app is :mod:`ws_mode.proxy.app`; the upstream side (URL, headers, failures) is
+:mod:`ws_mode.proxy.upstream`.
+"""
+
+from ws_mode.proxy.app import API_PREFIX as API_PREFIX
+from ws_mode.proxy.app import ResponsesProxy, create_proxy
+from ws_mode.proxy.upstream import DEFAULT_LIMITS, DEFAULT_TIMEOUT
+
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ResponsesProxy", "create_proxy"]

@@ -1,0 +1,186 @@
+"""The proxy's dealings with the upstream: its URL, its httpx settings, the headers that may cross,
+and its failures as OpenAI errors (an HTTP error answer, or an SSE ``error`` event mid-stream)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+from starlette.types import Scope, Send
+
+from ws_mode.errors import ConfigError
+from ws_mode.protocol import error_body
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_TIMEOUT",
+    "REQUEST_DROPPED",
+    "UpstreamFailure",
+    "answer_headers",
+    "check_upstream",
+    "forwarded_headers",
+    "header",
+    "log_failure",
+]
+
+logger = logging.getLogger("ws_mode.proxy")
+
+DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
+"""600 s to wait for each read (a long generation, a gap between events), 10 s to connect."""
+
+DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Connections to the upstream: a proxy holds one per response being streamed."""
+
+# Hop-by-hop headers (RFC 9110 §7.6.1), and the ones named by `Connection`, never forwarded.
+_HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+REQUEST_DROPPED: Final = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+"""Request headers the proxy sets itself: httpx sets `host` and the body's length, the upstream
+is asked for an uncompressed answer, and `expect` was the front server's business."""
+# Response headers the front server sets itself (it would send them twice otherwise).
+_RESPONSE_DROPPED: Final = _HOP_BY_HOP | {"date", "server"}
+# Encodings httpx decodes without optional packages: an upstream that compresses in spite of
+# `accept-encoding: identity` has these undone, so an event stream stays readable.
+_DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
+
+
+def check_upstream(upstream: object) -> str:
+    """``upstream`` as a normalized http(s) base URL (no trailing slash), or a ConfigError."""
+    if not isinstance(upstream, str):
+        raise ConfigError(f"upstream must be a URL string, got {type(upstream).__name__}.")
+    parts = urlsplit(upstream.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"upstream must be an http:// or https:// URL with a host, got {upstream!r}."
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"upstream must not have a query or a fragment, got {upstream!r}.")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+# Headers.
+
+
+def forwarded_headers(
+    headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[str]
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` minus ``dropped`` and whatever their ``Connection`` header names."""
+    pairs = [(bytes(name).lower(), bytes(value)) for name, value in headers]
+    named = {
+        token.strip().lower()
+        for name, value in pairs
+        if name == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    return [
+        (name, value)
+        for name, value in pairs
+        if (text := name.decode("latin-1")) not in dropped and text not in named
+    ]
+
+
+def header(scope: Scope, wanted: bytes) -> bytes | None:
+    """The value of the request header ``wanted`` (lowercase), or None."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == wanted:
+            return bytes(value)
+    return None
+
+
+def answer_headers(response: httpx.Response) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """The upstream answer's headers to send to the client, and whether its body is to be
+    decompressed (an upstream that compressed anyway, with an encoding httpx undoes)."""
+    headers = forwarded_headers(response.headers.raw, _RESPONSE_DROPPED)
+    encodings = [
+        value.strip().lower()
+        for value in response.headers.get("content-encoding", "").split(",")
+        if value.strip() and value.strip().lower() != "identity"
+    ]
+    decode = bool(encodings) and all(value in _DECODED for value in encodings)
+    if decode:
+        # Undone here, so the sizes and encoding change.
+        dropped = (b"content-encoding", b"content-length")
+        headers = [(k, v) for k, v in headers if k.lower() not in dropped]
+    return headers, decode
+
+
+# Failures.
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFailure:
+    """A failure to reach the upstream, or to read its answer, as the client is told of it:
+    a ``server_error`` with an HTTP status and a code (the upstream's address is not in it)."""
+
+    status: int
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: httpx.RequestError) -> UpstreamFailure:
+        """502 for an upstream that cannot be reached or fails, 504 for one that is too slow."""
+        name = type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            message = f"The upstream Responses server did not answer in time ({name})."
+            return cls(504, "upstream_timeout", message)
+        if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol):
+            message = f"The upstream Responses server could not be reached ({name})."
+            return cls(502, "upstream_unreachable", message)
+        return cls(
+            502, "upstream_error", f"The upstream Responses server failed to answer ({name})."
+        )
+
+    def sse_event(self) -> bytes:
+        """The failure as an SSE ``error`` event (OpenAI's flat HTTP stream shape), to end an
+        event stream with; ``status`` is what the middleware puts on the socket's error event."""
+        data = orjson.dumps(
+            {
+                "type": "error",
+                "status": self.status,
+                "code": self.code,
+                "message": self.message,
+                "param": None,
+            }
+        )
+        return b"event: error\ndata: " + data + b"\n\n"
+
+    async def send(self, send: Send) -> None:
+        """Answer the client's HTTP request with the failure and an OpenAI error body."""
+        body = error_body("server_error", self.code, self.message)
+        with contextlib.suppress(Exception):  # the client may have gone meanwhile
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+
+
+def log_failure(exc: httpx.RequestError, request: httpx.Request) -> None:
+    """Log a failed upstream request for the operator: its address goes here, never to the
+    client."""
+    url = request.url.copy_with(username=None, password=None)
+    logger.warning("proxying %s %s failed: %r", request.method, url, exc)

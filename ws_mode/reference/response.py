@@ -1,0 +1,180 @@
+"""The reference server's response object and its event stream: OpenAI's response JSON, the
+event sequence that streams it, and that sequence as SSE paced like a model generating tokens."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
+
+import anyio
+import orjson
+
+from ws_mode.reference.model import ReferenceConfig, argument_chunks, delta_tokens, text_deltas
+from ws_mode.reference.request import Parsed
+from ws_mode.reference.stats import ReferenceStats
+
+__all__ = ["MIN_SLEEP", "events", "response_object", "sse", "usage"]
+
+MIN_SLEEP: Final = 0.001
+"""Below this many seconds, a pause is not taken: the debt is carried forward."""
+_FLUSH_BYTES: Final = 16 * 1024  # largest SSE chunk buffered between two sleeps
+_DEFAULT_MODEL: Final = "reference"
+
+
+def response_object(
+    parsed: Parsed,
+    *,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The response object for a request, as OpenAI's API writes it."""
+    body = parsed.body
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": parsed.instructions,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": _default(body, "model", _DEFAULT_MODEL),
+        "output": output,
+        "parallel_tool_calls": _default(body, "parallel_tool_calls", True),
+        "previous_response_id": parsed.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": _default(body, "store", False),
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": _default(body, "tool_choice", "auto"),
+        "tools": parsed.tools if parsed.tools is not None else [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": None,
+        "metadata": parsed.metadata,
+    }
+
+
+def _default(body: dict[str, Any], key: str, default: Any) -> Any:
+    value = body.get(key)
+    return default if value is None else value
+
+
+def usage(input_tokens: int, produced: int) -> dict[str, Any]:
+    """The ``usage`` of a response reading ``input_tokens`` and producing ``produced``."""
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": produced,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + produced,
+    }
+
+
+def events(
+    pending: dict[str, Any], completed: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], int | None]]:
+    """OpenAI's event sequence for a response, without sequence numbers, each with the number
+    of output tokens it carries (for pacing): an int for a delta, None for any other event."""
+    yield {"type": "response.created", "response": pending}, None
+    yield {"type": "response.in_progress", "response": pending}, None
+    for index, item in enumerate(completed["output"]):
+        if item["type"] == "function_call":
+            yield from _function_call_events(index, item)
+        else:
+            yield from _message_events(index, item)
+        yield {"type": "response.output_item.done", "output_index": index, "item": item}, None
+    yield {"type": "response.completed", "response": completed}, None
+
+
+def _function_call_events(
+    index: int, item: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], int | None]]:
+    """A function call item's events, up to (not including) its ``output_item.done``."""
+    added = {**item, "arguments": "", "status": "in_progress"}
+    yield {"type": "response.output_item.added", "output_index": index, "item": added}, None
+    where = {"item_id": item["id"], "output_index": index}
+    arguments = item["arguments"]
+    chunks = argument_chunks(arguments)
+    for chunk, tokens in zip(chunks, delta_tokens(chunks), strict=True):
+        yield {"type": "response.function_call_arguments.delta", **where, "delta": chunk}, tokens
+    done = {"type": "response.function_call_arguments.done", **where, "arguments": arguments}
+    yield done, None
+
+
+def _message_events(
+    index: int, item: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], int | None]]:
+    """A message item's events, up to (not including) its ``output_item.done``."""
+    added = {**item, "status": "in_progress", "content": []}
+    yield {"type": "response.output_item.added", "output_index": index, "item": added}, None
+    for content_index, part in enumerate(item["content"]):
+        where = {"item_id": item["id"], "output_index": index, "content_index": content_index}
+        empty = {**part, "text": ""}
+        yield {"type": "response.content_part.added", **where, "part": empty}, None
+        deltas = text_deltas(part["text"])
+        for chunk, tokens in zip(deltas, delta_tokens(deltas), strict=True):
+            delta = {"type": "response.output_text.delta", **where, "delta": chunk, "logprobs": []}
+            yield delta, tokens
+        text = part["text"]
+        yield {"type": "response.output_text.done", **where, "text": text, "logprobs": []}, None
+        yield {"type": "response.content_part.done", **where, "part": part}, None
+
+
+def _encode_sse(event: dict[str, Any]) -> bytes:
+    """One event as an SSE block: its ``event:`` line, its ``data:`` line, a blank line."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+async def sse(
+    pending: dict[str, Any],
+    completed: dict[str, Any],
+    config: ReferenceConfig,
+    stats: ReferenceStats,
+) -> AsyncIterator[bytes]:
+    """Encode the events as SSE, pacing deltas at ``config.tokens_per_second`` output tokens
+    per second, after ``config.time_to_first_token``.
+
+    Each token is due at ``start + tokens / rate``; the stream sleeps only when the next one is
+    due at least 1 ms ahead, so fast rates sleep once per batch of tokens, not per token. Events
+    are buffered between sleeps (and up to 16 KiB) to keep the number of body chunks small.
+    The CPU time spent between pauses counts in ``stats.cpu_seconds``.
+    """
+    interval = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
+    start: float | None = None
+    emitted = 0
+    buffer = bytearray()
+    clock = time.thread_time()
+    for sequence_number, (event, tokens) in enumerate(events(pending, completed)):
+        if tokens is not None:
+            if start is None:
+                # The first delta: tokens are due from the first token's time on.
+                start = time.monotonic() + config.time_to_first_token
+            emitted += tokens
+            delay = start + emitted * interval - time.monotonic()
+            if delay >= MIN_SLEEP:
+                chunk = bytes(buffer)
+                buffer.clear()
+                stats.cpu_seconds += time.thread_time() - clock
+                if chunk:
+                    yield chunk
+                await anyio.sleep(delay)
+                clock = time.thread_time()
+        event["sequence_number"] = sequence_number
+        buffer += _encode_sse(event)
+        if len(buffer) >= _FLUSH_BYTES:
+            chunk = bytes(buffer)
+            buffer.clear()
+            stats.cpu_seconds += time.thread_time() - clock
+            yield chunk
+            clock = time.thread_time()
+    stats.cpu_seconds += time.thread_time() - clock
+    if buffer:
+        yield bytes(buffer)
