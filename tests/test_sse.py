@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ws_mode.sse import SSEDecoder, SSEEvent
+from ws_mode.sse import SSEDecoder, SSEEvent, encode_sse
 
 
 def decode(*chunks: bytes) -> list[SSEEvent]:
@@ -261,3 +262,18 @@ def test_chunked_stream_decodes_like_the_whole_body(
 def test_arbitrary_bytes_decode_the_same_in_any_chunks(body: bytes, data: st.DataObject) -> None:
     chunks = data.draw(cuts(body))
     assert decode(*chunks) == decode(body)
+
+
+@given(
+    events=st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["response.created", "response.output_text.delta", "error"])},
+            optional={"delta": st.text(), "sequence_number": st.integers(0, 10**6)},
+        ),
+        max_size=8,
+    )
+)
+def test_encoded_events_decode_to_themselves(events: list[dict[str, object]]) -> None:
+    decoder = SSEDecoder()
+    decoded = decoder.feed(b"".join(encode_sse(event) for event in events))
+    assert [(e.event, orjson.loads(e.data)) for e in decoded] == [(e["type"], e) for e in events]

@@ -14,7 +14,7 @@ from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
-from .protocol import error_body
+from .protocol import error_answer, error_body
 from .settings import CacheMiss, FullContext, ResponseHook, Settings
 from .tokens import Renderer
 
@@ -241,18 +241,8 @@ async def _deny(
         return
     kind = "server_error" if status >= 500 else "invalid_request_error"
     body = error_body(kind, code, message)
-    await send(
-        {
-            "type": "websocket.http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "websocket.http.response.body", "body": body})
+    for answer in error_answer("websocket.http.response", status, body, headers):
+        await send(answer)
 
 
 def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:

@@ -7,6 +7,7 @@ server and the tools name each event and build each error the same way (docs/pro
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ __all__ = [
     "TERMINAL_EVENTS",
     "TERMINAL_EVENT_BY_STATUS",
     "encode_event",
+    "error_answer",
     "error_body",
     "error_event",
     "server_error",
@@ -99,6 +101,26 @@ def encode_event(event: dict[str, Any]) -> str:
 def error_body(type: str, code: str, message: str, param: str | None = None) -> bytes:
     """The body of an HTTP error answer, as OpenAI's API writes it."""
     return orjson.dumps({"error": {"type": type, "code": code, "message": message, "param": param}})
+
+
+def error_answer(
+    kind: str,
+    status: int,
+    body: bytes,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> list[dict[str, Any]]:
+    """An HTTP error answer as the two ASGI messages that send it: `kind` is `http.response`
+    for a request, `websocket.http.response` for a refused upgrade."""
+    start = {
+        "type": f"{kind}.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    }
+    return [start, {"type": f"{kind}.body", "body": body}]
 
 
 STEER_MESSAGES = {

@@ -1,4 +1,4 @@
-"""An incremental decoder for `text/event-stream` bodies.
+"""`text/event-stream` bodies: an incremental decoder, and the encoder of one event.
 
 It follows the WHATWG event-stream parsing rules (lines end in CRLF, LF or CR; `data` lines
 join with LF; a blank line dispatches; `:` starts a comment), accepts the body in chunks cut
@@ -7,9 +7,18 @@ anywhere, and hands each event out as soon as its blank line arrives.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["SSEDecoder", "SSEEvent"]
+import orjson
+
+__all__ = ["SSEDecoder", "SSEEvent", "encode_sse"]
+
+
+def encode_sse(event: dict[str, Any]) -> bytes:
+    """One event as OpenAI's streams write it: an `event:` line naming its `type`, one
+    `data:` line of JSON, a blank line."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class SSEEvent(NamedTuple):

@@ -11,11 +11,11 @@ from typing import Final
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 from starlette.types import Scope, Send
 
 from ws_mode.errors import ConfigError
-from ws_mode.protocol import error_body
+from ws_mode.protocol import error_answer, error_body
+from ws_mode.sse import encode_sse
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -151,7 +151,7 @@ class UpstreamFailure:
     def sse_event(self) -> bytes:
         """The failure as an SSE ``error`` event (OpenAI's flat HTTP stream shape), to end an
         event stream with; ``status`` is what the middleware puts on the socket's error event."""
-        data = orjson.dumps(
+        return encode_sse(
             {
                 "type": "error",
                 "status": self.status,
@@ -160,23 +160,13 @@ class UpstreamFailure:
                 "param": None,
             }
         )
-        return b"event: error\ndata: " + data + b"\n\n"
 
     async def send(self, send: Send) -> None:
         """Answer the client's HTTP request with the failure and an OpenAI error body."""
         body = error_body("server_error", self.code, self.message)
         with contextlib.suppress(Exception):  # the client may have gone meanwhile
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            for message in error_answer("http.response", self.status, body):
+                await send(message)
 
 
 def log_failure(exc: httpx.RequestError, request: httpx.Request) -> None:

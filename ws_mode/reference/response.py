@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import anyio
-import orjson
 
 from ws_mode.reference.model import ReferenceConfig, argument_chunks, delta_tokens, text_deltas
 from ws_mode.reference.request import Parsed
 from ws_mode.reference.stats import ReferenceStats
+from ws_mode.sse import encode_sse
 
 __all__ = ["MIN_SLEEP", "events", "response_object", "sse", "usage"]
 
@@ -127,12 +127,6 @@ def _message_events(
         yield {"type": "response.content_part.done", **where, "part": part}, None
 
 
-def _encode_sse(event: dict[str, Any]) -> bytes:
-    """One event as an SSE block: its ``event:`` line, its ``data:`` line, a blank line."""
-    kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
 async def sse(
     pending: dict[str, Any],
     completed: dict[str, Any],
@@ -168,7 +162,7 @@ async def sse(
                 await anyio.sleep(delay)
                 clock = time.thread_time()
         event["sequence_number"] = sequence_number
-        buffer += _encode_sse(event)
+        buffer += encode_sse(event)
         if len(buffer) >= _FLUSH_BYTES:
             chunk = bytes(buffer)
             buffer.clear()
