@@ -242,3 +242,24 @@ def test_any_schedule_keeps_lane_order_and_the_budget(plan: Plan, budget: int) -
         tags = [tag for stream_id, tag in order if stream_id == lane]
         assert tags == sorted(tags)
     assert most <= budget
+
+
+@pytest.mark.anyio
+async def test_a_failing_request_does_not_stop_the_ones_behind_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ran: list[str] = []
+
+    async def run(request: CreateEvent) -> None:
+        tag = request.fields["metadata"]["tag"]
+        ran.append(tag)
+        if tag == "bad":
+            raise RuntimeError("boom")
+
+    lanes = Lanes(Limits(), run=run, refuse=_never)
+    for tag in ("bad", "good"):
+        lanes.submit(create(None, tag))
+    await settle()
+    assert ran == ["bad", "good"]
+    assert lanes.tasks() == []
+    assert "a WebSocket mode request failed" in caplog.text

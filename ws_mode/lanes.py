@@ -10,6 +10,7 @@ sockets: it calls `run` for each request and `refuse` for each refusal.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from .client_events import CreateEvent, ProtocolError
 from .limits import Limits
 
 __all__ = ["Lanes"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -135,6 +138,12 @@ class Lanes:
                     self._waiting -= 1
                 try:
                     await self._run(item)
+                except self._ends_lane:
+                    raise
+                except Exception:
+                    # `run` answers its own failures; this is the last guard, so that one
+                    # request's fault never stops the requests queued behind it.
+                    logger.exception("a WebSocket mode request failed")
                 finally:
                     self._in_flight.release()
         except self._ends_lane:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from cachetools import LRUCache
 from starlette.types import Scope
 
@@ -85,21 +86,12 @@ class TurnRunner:
                     await self.send_error(_not_found(create))
                     return
                 forwarded = True  # the handler resolves the id itself
-        digest = tools_digest(create.tools)
-        renderer = self.settings.renderer
-        current = Turn(
-            previous=previous,
-            new_input=create.new_input,
-            stream_id=create.stream_id,
-            tools_digest=digest,
-            generate=create.generate,
-            full_context=_full_context(self.settings.full_context, previous, forwarded),
-            tool_artifacts=self._tool_artifacts_for(digest),
-            principal=self.principal,
-            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
-        )
-        new_fragment = encode_items(create.new_input)
-        if not create.generate:
+        try:
+            current, new_fragment, body = self._prepare(create, previous, forwarded)
+        except Exception as exc:
+            await self.send_error(_unprepared(create, exc))
+            return
+        if body is None:
             self.stats.warm_ups += 1
             await self._warm_up(create, current, new_fragment)
             return
@@ -115,7 +107,7 @@ class TurnRunner:
                 output_items=output,
                 parent=previous,
                 stream_id=create.stream_id,
-                tools_digest=digest,
+                tools_digest=current.tools_digest,
                 artifacts=current.artifacts,
                 input_fragment=new_fragment,
                 remote=forwarded,
@@ -135,9 +127,6 @@ class TurnRunner:
             previous_response_id=create.previous_response_id,
             on_finished=finished,
             on_failed=failed,
-        )
-        body = build_body(
-            create, previous, full_context=current.full_context, new_fragment=new_fragment
         )
         scope = http_scope(
             self.scope,
@@ -173,6 +162,32 @@ class TurnRunner:
             logger.exception("WebSocket mode turn failed")
             if not stream.finished:
                 await stream.event(server_error("The server failed to run this request."))
+
+    def _prepare(
+        self, create: CreateEvent, previous: CachedResponse | None, forwarded: bool
+    ) -> tuple[Turn, bytes, bytes | None]:
+        """The turn's Turn, its new items encoded, and the handler's request body (None for a
+        warm-up, which calls no handler)."""
+        digest = tools_digest(create.tools)
+        renderer = self.settings.renderer
+        current = Turn(
+            previous=previous,
+            new_input=create.new_input,
+            stream_id=create.stream_id,
+            tools_digest=digest,
+            generate=create.generate,
+            full_context=_full_context(self.settings.full_context, previous, forwarded),
+            tool_artifacts=self._tool_artifacts_for(digest),
+            principal=self.principal,
+            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
+        )
+        new_fragment = encode_items(create.new_input)
+        if not create.generate:
+            return current, new_fragment, None
+        body = build_body(
+            create, previous, full_context=current.full_context, new_fragment=new_fragment
+        )
+        return current, new_fragment, body
 
     async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
         """Wait until the response ended or the handler call returned, whichever is first."""
@@ -319,6 +334,21 @@ def _log_failure(task: asyncio.Task[None]) -> None:
     error = task.exception()
     if error is not None and not isinstance(error, ClientGone):
         logger.error("work after a response failed", exc_info=error)
+
+
+def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
+    """The error event of a request that could not be turned into a handler call."""
+    if isinstance(exc, orjson.JSONEncodeError):
+        # orjson reads JSON nested up to 1,024 levels but writes only up to 254.
+        return error_event(
+            400,
+            "invalid_request_error",
+            "nested_too_deeply",
+            f"The request cannot be re-encoded: {exc}. Nest input, tools and metadata less deeply.",
+            stream_id=create.stream_id,
+        )
+    logger.error("preparing a WebSocket mode turn failed", exc_info=exc)
+    return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
 
 
 def _not_found(create: CreateEvent) -> dict[str, Any]:

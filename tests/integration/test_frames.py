@@ -110,6 +110,38 @@ def test_refused_create_on_a_lane_names_the_lane(server: Server, tag: str) -> No
         check_usable(ws, tag, parent)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("where", ["input", "tools", "metadata"])
+def test_nesting_too_deep_to_re_encode_gets_an_error_and_the_lane_goes_on(
+    server: Server, tag: str, where: str
+) -> None:
+    """JSON nested 255 to 1,024 levels deep is read but cannot be written again: the turn gets
+    a clear error and the create queued behind it on the lane is answered."""
+    deep = _nested(400)
+    fields: dict[str, Any] = {
+        "input": [{"role": "user", "content": "Hi", "extra": deep}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"deep": deep}}],
+        "metadata": {"deep": deep},
+    }
+    with server.raw() as ws:
+        bad = create(tag, input="Hi", stream_id="lane")
+        bad[where] = fields[where] if where != "metadata" else {"tag": tag, "deep": deep}
+        ws.send(bad)
+        ws.send(create(tag, input="Hi", stream_id="lane"))
+        error = ws.recv()
+        assert error["type"] == "error"
+        assert error["stream_id"] == "lane"
+        assert error["error"]["code"] == "nested_too_deeply"
+        assert error["status"] == 400
+        completed_response(ws.until_terminal())
+
+
 def test_message_at_the_size_limit_is_accepted(server: Server, tag: str) -> None:
     event = create(tag, input="", meta={"k": "0"})
     size = len(json.dumps(event).encode())
