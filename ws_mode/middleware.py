@@ -14,6 +14,7 @@ from .auth import AuthenticationFailed, Authenticator
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
+from .origins import OriginPolicy
 from .protocol import error_answer, error_body
 from .settings import CacheMiss, FullContext, ResponseHook, Settings
 from .tokens import Renderer
@@ -50,7 +51,10 @@ class WebSocketModeMiddleware:
     `authenticate(scope)` runs before a socket is accepted: it returns the principal the
     turns carry (`Turn.principal`) or raises `AuthenticationFailed` (401/403). `subprotocols`
     lists the subprotocols the server speaks: the first one the client offers is selected
-    (browsers that offer subprotocols need one back). `enabled=False` (settable at run time)
+    (browsers that offer subprotocols need one back). A browser's handshake (one with an
+    `Origin` header) is refused with 403 unless it comes from the server's own origin or one in
+    `allowed_origins` (`"https://app.example.com"`, `"https://*.example.com"`, `"*"`); clients
+    that send no `Origin` are unaffected. `enabled=False` (settable at run time)
     answers upgrades with 426 so clients fall back to HTTP.
     """
 
@@ -67,6 +71,7 @@ class WebSocketModeMiddleware:
         on_cache_miss: CacheMiss = "error",
         authenticate: Authenticator | None = None,
         subprotocols: Sequence[str] = (),
+        allowed_origins: Sequence[str] = (),
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -108,6 +113,7 @@ class WebSocketModeMiddleware:
             subprotocols=tuple(subprotocols),
         )
         self.authenticate = authenticate
+        self._origins = OriginPolicy(allowed_origins)
         #: Switch WebSocket mode off (upgrades answered 426) or on again, at run time.
         self.enabled = enabled
         self.connections = 0
@@ -145,6 +151,17 @@ class WebSocketModeMiddleware:
                 426,
                 "websocket_mode_disabled",
                 "WebSocket mode is switched off on this server; use the HTTP API.",
+            )
+            return
+        if not self._origins.allows(scope):
+            self.stats.connections_refused += 1
+            await _deny(
+                scope,
+                send,
+                403,
+                "origin_not_allowed",
+                "This origin may not open WebSocket mode sockets here "
+                "(WebSocketModeMiddleware's allowed_origins).",
             )
             return
         if self.connections >= self.settings.limits.max_connections:

@@ -62,6 +62,7 @@ MOUNTS: dict[str, dict[str, Any]] = {
     "/short": {"limits": Limits(max_connection_seconds=1)},
     "/single": {"limits": Limits(max_connections=1)},
     "/tiny": {"limits": Limits(max_cached_responses=2)},
+    "/browser": {"allowed_origins": ("https://app.example.com", "https://*.trusted.example")},
 }
 
 ODD_TEXT = "Grüße — naïve café ✓ 🚀 “quoted” 日本語"
