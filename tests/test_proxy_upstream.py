@@ -16,11 +16,9 @@ from starlette.types import Message
 from ws_mode import ConfigError
 from ws_mode.protocol import error_body
 from ws_mode.proxy.upstream import (
-    REQUEST_DROPPED,
     UpstreamFailure,
     answer_headers,
     check_upstream,
-    forwarded_headers,
     header,
     log_failure,
 )
@@ -36,23 +34,6 @@ def test_check_upstream_normalizes_the_base_url() -> None:
         check_upstream(b"http://host")
     with pytest.raises(ConfigError, match="query"):
         check_upstream("http://host/v1#top")
-
-
-def test_forwarded_headers_drop_hop_by_hop_and_connection_named_ones() -> None:
-    headers = [
-        (b"Host", b"proxy:9000"),
-        (b"Connection", b"keep-alive, X-Private"),
-        (b"X-Private", b"1"),
-        (b"Transfer-Encoding", b"chunked"),
-        (b"Content-Length", b"12"),
-        (b"Accept-Encoding", b"gzip"),
-        (b"Authorization", b"Bearer sk"),
-        (b"X-Kept", b"yes"),
-    ]
-    assert forwarded_headers(headers, REQUEST_DROPPED) == [
-        (b"authorization", b"Bearer sk"),
-        (b"x-kept", b"yes"),
-    ]
 
 
 def test_header_reads_one_request_header() -> None:

@@ -16,6 +16,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Scope
 
 from .events import lifecycle_events
+from .headers import end_to_end
 from .protocol import error_event, server_error
 from .sse import SSEDecoder
 
@@ -23,25 +24,9 @@ __all__ = ["ClientGone", "EventSink", "HandlerCall", "handler_headers", "http_sc
 
 logger = logging.getLogger(__name__)
 
-# Headers of the handshake that must not reach the handler: hop-by-hop and WebSocket ones,
-# `accept-encoding` (a compressing middleware inside would compress the event stream), and
-# the ones the synthetic request sets itself.
-_DROPPED_HEADERS = frozenset(
-    {
-        b"connection",
-        b"upgrade",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"accept-encoding",
-        b"content-length",
-        b"content-type",
-        b"accept",
-        b"host",
-    }
-)
+# Headers the synthetic request sets itself, and `accept-encoding` (a compressing middleware
+# inside would compress the event stream).
+_SET_HERE = (b"accept-encoding", b"content-length", b"content-type", b"accept", b"host")
 
 # An error or JSON answer is read whole; past this size the handler is misbehaving.
 MAX_BUFFERED_ANSWER = 64 * 1024 * 1024
@@ -65,11 +50,7 @@ class EventSink(Protocol):
 
 def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
     """The handshake's headers the handler should see on every turn, plus the fixed ones."""
-    headers = [
-        (name, value)
-        for name, value in ws_scope.get("headers", [])
-        if name not in _DROPPED_HEADERS and not name.startswith(b"sec-websocket-")
-    ]
+    headers = end_to_end(ws_scope.get("headers", []), _SET_HERE)
     host = next((value for name, value in ws_scope.get("headers", []) if name == b"host"), None)
     if host is not None:
         headers.insert(0, (b"host", host))

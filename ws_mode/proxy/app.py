@@ -17,6 +17,7 @@ import httpx
 from starlette.types import Message, Receive, Scope, Send
 
 from ws_mode.errors import ConfigError
+from ws_mode.headers import end_to_end
 from ws_mode.proxy.upstream import (
     DEFAULT_LIMITS,
     DEFAULT_TIMEOUT,
@@ -24,7 +25,6 @@ from ws_mode.proxy.upstream import (
     UpstreamFailure,
     answer_headers,
     check_upstream,
-    forwarded_headers,
     header,
     log_failure,
 )
@@ -203,7 +203,7 @@ class ResponsesProxy:
         if root_path and path.startswith(root_path):
             path = path[len(root_path) :] or "/"
         url = self.url_for(quote(path, safe="/:@!$&'()*+,;=~"), scope.get("query_string", b""))
-        headers = forwarded_headers(scope.get("headers", ()), REQUEST_DROPPED)
+        headers = end_to_end(scope.get("headers", ()), REQUEST_DROPPED)
         if self._authorization is not None:
             headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
             headers.append((b"authorization", self._authorization))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -14,6 +13,7 @@ import httpx
 from starlette.types import Scope, Send
 
 from ws_mode.errors import ConfigError
+from ws_mode.headers import end_to_end
 from ws_mode.protocol import error_answer, error_body
 from ws_mode.sse import encode_sse
 
@@ -24,7 +24,6 @@ __all__ = [
     "UpstreamFailure",
     "answer_headers",
     "check_upstream",
-    "forwarded_headers",
     "header",
     "log_failure",
 ]
@@ -37,26 +36,12 @@ DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 """Connections to the upstream: a proxy holds one per response being streamed."""
 
-# Hop-by-hop headers (RFC 9110 §7.6.1), and the ones named by `Connection`, never forwarded.
-_HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-REQUEST_DROPPED: Final = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
-"""Request headers the proxy sets itself: httpx sets `host` and the body's length, the upstream
-is asked for an uncompressed answer, and `expect` was the front server's business."""
+REQUEST_DROPPED: Final = (b"host", b"content-length", b"accept-encoding", b"expect")
+"""Request headers the proxy sets itself besides the hop-by-hop ones (`ws_mode.headers`): httpx
+sets `host` and the body's length, the upstream is asked for an uncompressed answer, and `expect`
+was the front server's business."""
 # Response headers the front server sets itself (it would send them twice otherwise).
-_RESPONSE_DROPPED: Final = _HOP_BY_HOP | {"date", "server"}
+_RESPONSE_DROPPED: Final = (b"date", b"server")
 # Encodings httpx decodes without optional packages: an upstream that compresses in spite of
 # `accept-encoding: identity` has these undone, so an event stream stays readable.
 _DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
@@ -79,24 +64,6 @@ def check_upstream(upstream: object) -> str:
 # Headers.
 
 
-def forwarded_headers(
-    headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[str]
-) -> list[tuple[bytes, bytes]]:
-    """``headers`` minus ``dropped`` and whatever their ``Connection`` header names."""
-    pairs = [(bytes(name).lower(), bytes(value)) for name, value in headers]
-    named = {
-        token.strip().lower()
-        for name, value in pairs
-        if name == b"connection"
-        for token in value.decode("latin-1").split(",")
-    }
-    return [
-        (name, value)
-        for name, value in pairs
-        if (text := name.decode("latin-1")) not in dropped and text not in named
-    ]
-
-
 def header(scope: Scope, wanted: bytes) -> bytes | None:
     """The value of the request header ``wanted`` (lowercase), or None."""
     for name, value in scope.get("headers", ()):
@@ -108,7 +75,7 @@ def header(scope: Scope, wanted: bytes) -> bytes | None:
 def answer_headers(response: httpx.Response) -> tuple[list[tuple[bytes, bytes]], bool]:
     """The upstream answer's headers to send to the client, and whether its body is to be
     decompressed (an upstream that compressed anyway, with an encoding httpx undoes)."""
-    headers = forwarded_headers(response.headers.raw, _RESPONSE_DROPPED)
+    headers = end_to_end(response.headers.raw, _RESPONSE_DROPPED)
     encodings = [
         value.strip().lower()
         for value in response.headers.get("content-encoding", "").split(",")
