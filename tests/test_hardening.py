@@ -15,14 +15,16 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from ws_mode import Limits, WebSocketModeMiddleware
+from ws_mode import Limits, WebSocketModeMiddleware, find_middlewares
 from ws_mode.server import Server
 
 from .servers import free_port, serve
@@ -174,9 +176,9 @@ def close_code(socket: ClientConnection) -> int | None:
         return closed.rcvd.code if closed.rcvd is not None else None
 
 
-def run_server(app: WebSocketModeMiddleware, port: int) -> tuple[Server, threading.Thread]:
+def run_server(app: Any, port: int, *, find: bool = False) -> tuple[Server, threading.Thread]:
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = Server(config, [app])
+    server = Server(config) if find else Server(config, [app])
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -236,3 +238,46 @@ def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> 
         assert any(event["type"] == "response.completed" for event in events)
         assert close_code(socket_) == 1001
         drained.join(10)
+
+
+def _shaped(shape: str, handlers: Handlers, limits: Limits) -> tuple[Any, str]:
+    """An app with the middleware added the way `shape` says, and its socket path."""
+    route = Route("/v1/responses", handlers.respond, methods=["POST"])
+    if shape == "fastapi-add_middleware":
+        api = FastAPI()
+        api.router.routes.append(route)
+        api.add_middleware(WebSocketModeMiddleware, limits=limits)
+        return api, "/v1/responses"
+    if shape == "starlette-Middleware":
+        middleware = [Middleware(WebSocketModeMiddleware, limits=limits)]
+        return Starlette(routes=[route], middleware=middleware), "/v1/responses"
+    if shape == "wrapped":  # how Django's ASGI application is wrapped
+        return WebSocketModeMiddleware(Starlette(routes=[route]), limits=limits), "/v1/responses"
+    inner = Starlette(routes=[route])
+    inner.add_middleware(WebSocketModeMiddleware, limits=limits)
+    return Starlette(routes=[Mount("/api", app=inner)]), "/api/v1/responses"
+
+
+@pytest.mark.parametrize(
+    "shape", ["fastapi-add_middleware", "starlette-Middleware", "wrapped", "mounted"]
+)
+def test_shutdown_drains_however_the_middleware_was_added(handlers: Handlers, shape: str) -> None:
+    """`Server` finds the live middleware in the app (`find_middlewares`), so running turns
+    finish and sockets close with 1001 instead of uvicorn's 1012."""
+    app, path = _shaped(shape, handlers, Limits(shutdown_grace_seconds=5))
+    port = free_port()
+    server, thread = run_server(app, port, find=True)
+    try:
+        assert len(server.middlewares) == 1
+        (live,) = find_middlewares(app)
+        assert live is server.middlewares[0]
+        with connect(f"ws://127.0.0.1:{port}{path}") as socket:
+            send(socket, "slow", metadata={"seconds": "0.5"})
+            time.sleep(0.2)
+            assert live.stats.connections_open == 1  # the instance serving this socket
+            server.should_exit = True
+            assert terminal(socket)["type"] == "response.completed"
+            assert close_code(socket) == 1001
+    finally:
+        server.should_exit = True
+        thread.join(15)

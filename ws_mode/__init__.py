@@ -8,7 +8,7 @@ from .auth import AuthenticationFailed, Authenticator, bearer_token
 from .cache import CachedResponse
 from .errors import ConfigError, WSModeError
 from .limits import Limits
-from .middleware import ResponseHook, WebSocketModeMiddleware
+from .middleware import ResponseHook, WebSocketModeMiddleware, find_middlewares
 from .tokens import Renderer, Tokens
 from .turn import Turn, turn
 
@@ -26,6 +26,7 @@ __all__ = [
     "WebSocketModeMiddleware",
     "__version__",
     "bearer_token",
+    "find_middlewares",
     "turn",
 ]
 

@@ -263,19 +263,31 @@ async def _deny(
 
 
 def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
-    """The WebSocket mode middlewares in an app: the app itself, or those reached through
-    `.app` attributes and Starlette's (and FastAPI's) middleware stack."""
+    """The live WebSocket mode middlewares inside an ASGI app, outermost first.
+
+    It follows wrapped apps (`.app`), Starlette's and FastAPI's middleware stack (what
+    `app.add_middleware(WebSocketModeMiddleware)` or `Middleware(...)` built; it is built now if
+    the app has not served yet, as Starlette would on its first call), and the apps mounted on
+    a router. Use it to reach the instances for `stats`, `drain()`, `enabled` or
+    `ws_mode.prometheus.register`.
+    """
     found: list[WebSocketModeMiddleware] = []
-    node = app
     seen: set[int] = set()
-    while node is not None and id(node) not in seen:
+    pending = [app]
+    while pending:
+        node = pending.pop(0)
+        if node is None or id(node) in seen:
+            continue
         seen.add(id(node))
         if isinstance(node, WebSocketModeMiddleware):
             found.append(node)
         if hasattr(node, "build_middleware_stack") and hasattr(node, "middleware_stack"):
             if node.middleware_stack is None:  # Starlette builds it on the first call
                 node.middleware_stack = node.build_middleware_stack()
-            node = node.middleware_stack
+            pending.append(node.middleware_stack)
             continue
-        node = getattr(node, "app", None)
+        pending.append(getattr(node, "app", None))
+        routes = getattr(node, "routes", None)
+        if isinstance(routes, list):
+            pending.extend(getattr(route, "app", None) for route in routes)
     return found
