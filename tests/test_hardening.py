@@ -24,7 +24,7 @@ from starlette.routing import Mount, Route
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from ws_mode import Limits, WebSocketModeMiddleware, find_middlewares
+from ws_mode import Limits, WebSocketModeMiddleware, bearer_token, find_middlewares
 from ws_mode.server import Server
 
 from .servers import free_port, serve
@@ -281,3 +281,67 @@ def test_shutdown_drains_however_the_middleware_was_added(handlers: Handlers, sh
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+def test_an_idle_socket_is_told_and_closed(handlers: Handlers) -> None:
+    """No frame and nothing running for `max_idle_seconds`: an error event, then 1001 (a
+    vanished peer's slot and cache are freed as well)."""
+    with (
+        serve(make_app(handlers, Limits(max_idle_seconds=0.5))) as base_url,
+        connect(ws(base_url)) as socket,
+    ):
+        started = time.monotonic()
+        event = json.loads(socket.recv(timeout=5))
+        assert event["type"] == "error"
+        assert event["error"]["code"] == "websocket_idle_timeout"
+        assert close_code(socket) == 1001
+        assert time.monotonic() - started >= 0.45
+
+
+def test_a_running_turn_or_a_frame_keeps_a_socket_from_idling(handlers: Handlers) -> None:
+    with (
+        serve(make_app(handlers, Limits(max_idle_seconds=0.4))) as base_url,
+        connect(ws(base_url)) as socket,
+    ):
+        send(socket, "slow", metadata={"seconds": "1.0"})  # longer than the idle limit
+        assert terminal(socket)["type"] == "response.completed"
+        for _ in range(3):  # frames closer together than the limit
+            time.sleep(0.25)
+            send(socket, "slow", metadata={"seconds": "0"})
+            assert terminal(socket)["type"] == "response.completed"
+        event = json.loads(socket.recv(timeout=5))
+        assert event["error"]["code"] == "websocket_idle_timeout"
+
+
+def test_connections_per_client_are_capped_by_address_or_principal(handlers: Handlers) -> None:
+    """One client (an address, or a principal when `authenticate` names one) cannot hold
+    every slot: past `max_connections_per_client` it gets 426, others still get in."""
+    route = Route("/v1/responses", handlers.respond, methods=["POST"])
+    limits = Limits(max_connections_per_client=2)
+    by_address = WebSocketModeMiddleware(Starlette(routes=[route]), limits=limits)
+    by_key = WebSocketModeMiddleware(
+        Starlette(routes=[route]), limits=limits, authenticate=bearer_token
+    )
+    with serve(by_address) as base_url, connect(ws(base_url)), connect(ws(base_url)):
+        with pytest.raises(InvalidStatus) as refused, connect(ws(base_url)):
+            pass
+        assert refused.value.response.status_code == 426
+    with serve(by_address) as base_url:  # a closed socket frees its slot
+        for _ in range(3):
+            with connect(ws(base_url)) as socket:
+                send(socket, "slow", metadata={"seconds": "0"})
+                assert terminal(socket)["type"] == "response.completed"
+
+    def key(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {name}"}
+
+    with (
+        serve(by_key) as base_url,
+        connect(ws(base_url), additional_headers=key("a")),
+        connect(ws(base_url), additional_headers=key("a")),
+    ):
+        with pytest.raises(InvalidStatus), connect(ws(base_url), additional_headers=key("a")):
+            pass
+        with connect(ws(base_url), additional_headers=key("b")) as other:  # same address
+            send(other, "slow", metadata={"seconds": "0"})
+            assert terminal(other)["type"] == "response.completed"

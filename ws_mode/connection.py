@@ -59,7 +59,7 @@ class Connection:
             settings, scope, self.cache, send_text=self.send_text, send_error=self.send_error
         )
         self.lanes = Lanes(
-            self.limits, run=self.turns.run, refuse=self._refuse, ends_lane=(ClientGone,)
+            self.limits, run=self._run_turn, refuse=self._refuse, ends_lane=(ClientGone,)
         )
         self._send_lock = asyncio.Lock()
         self._closed = False
@@ -67,6 +67,7 @@ class Connection:
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
         self._stalled = False
+        self._active_at = 0.0  # the loop time of the last frame or finished turn
 
     # The socket.
 
@@ -77,17 +78,30 @@ class Connection:
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
         await self._send(accept)
-        deadline = asyncio.get_running_loop().time() + self.limits.max_connection_seconds
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.max_connection_seconds
+        idle = self.limits.max_idle_seconds
+        self._active_at = loop.time()
         self._run_task = asyncio.current_task()
         watchdog = asyncio.create_task(self._watch_sends())
         try:
             while True:
+                wake = deadline if idle is None else min(deadline, self._active_at + idle)
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(wake):
                         message = await self._receive()
                 except TimeoutError:
-                    await self._end_of_life()
-                    return
+                    if loop.time() >= deadline:
+                        await self._end_of_life()
+                        return
+                    if self.lanes.tasks():  # a turn in flight is not idleness
+                        self._active_at = loop.time()
+                        continue
+                    if loop.time() >= self._active_at + (idle or 0.0):
+                        await self._idle_timeout()
+                        return
+                    continue
+                self._active_at = loop.time()
                 kind = message["type"]
                 if kind == "websocket.receive":
                     await self._on_frame(message)
@@ -135,6 +149,21 @@ class Connection:
             )
         await self.lanes.stop()
         await self._close(GOING_AWAY, "connection lifetime limit reached")
+
+    async def _idle_timeout(self) -> None:
+        seconds = self.limits.max_idle_seconds
+        with contextlib.suppress(ClientGone):
+            await self.send_error(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "websocket_idle_timeout",
+                    f"No request for {seconds:g} seconds (Limits.max_idle_seconds); the "
+                    "connection is closed. Open a new one to continue.",
+                )
+            )
+        await self.lanes.stop()
+        await self._close(GOING_AWAY, "idle timeout")
 
     async def _close(self, code: int, reason: str) -> None:
         if self._closed:
@@ -270,6 +299,12 @@ class Connection:
                 stream_id=create.stream_id,
             )
         self.lanes.submit(create)
+
+    async def _run_turn(self, create: CreateEvent) -> None:
+        try:
+            await self.turns.run(create)
+        finally:
+            self._active_at = asyncio.get_running_loop().time()
 
     async def _refuse(self, error: ProtocolError) -> None:
         await self.send_error(error.event())

@@ -15,17 +15,22 @@ MiB = 1024 * 1024
 class Limits:
     """Every bound the middleware enforces, with OpenAI's numbers as defaults.
 
-    `max_connections` counts open sockets per middleware instance (one worker process);
+    `max_connections` counts open sockets per middleware instance (one worker process), and
+    `max_connections_per_client` those of one principal (what `authenticate` returned) or, with
+    no hook, of one client address (None: no bound);
     `max_connection_seconds` ends a socket after that long (OpenAI: 60 minutes);
     `max_message_bytes` bounds one client frame; `max_cached_responses` and `max_cached_bytes`
     bound each connection's response cache; `max_in_flight` responses run at once per
     connection (the rest queue, at most `max_queued` of them); `max_streams` distinct named
     `stream_id`s per connection; `max_turn_seconds` bounds one handler call (None: no bound);
-    a client that leaves a frame unread for `max_send_stall_seconds` is disconnected;
+    a client that leaves a frame unread for `max_send_stall_seconds` is disconnected; a
+    connection with no client frame and no turn running for `max_idle_seconds` is closed
+    (None: never), which also frees what a vanished peer held;
     `shutdown_grace_seconds` is how long running turns may finish when the server drains.
     """
 
     max_connections: int = 1000
+    max_connections_per_client: int | None = None
     max_connection_seconds: float = 3600.0
     max_message_bytes: int = 64 * MiB
     max_cached_responses: int = 512
@@ -35,6 +40,7 @@ class Limits:
     max_queued: int = 1024
     max_turn_seconds: float | None = None
     max_send_stall_seconds: float = 60.0
+    max_idle_seconds: float | None = 900.0
     shutdown_grace_seconds: float = 30.0
 
     def __post_init__(self) -> None:
@@ -48,4 +54,4 @@ class Limits:
                 raise ConfigError(f"Limits.{field.name} must be an integer, got {value!r}.")
 
 
-_OPTIONAL = frozenset({"max_turn_seconds"})
+_OPTIONAL = frozenset({"max_turn_seconds", "max_idle_seconds", "max_connections_per_client"})

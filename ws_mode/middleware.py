@@ -118,6 +118,7 @@ class WebSocketModeMiddleware:
         self.enabled = enabled
         self.connections = 0
         self._open: set[Connection] = set()
+        self._per_client: dict[Any, int] = {}
         self._draining = False
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
@@ -181,20 +182,54 @@ class WebSocketModeMiddleware:
             principal = await self._authenticate(scope, send)
             if principal is _REFUSED:
                 return
-            subprotocol = next(
-                (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
-            )
-            connection = Connection(self.settings, scope, receive, send)
-            self._open.add(connection)
-            self.stats.connections_open += 1
-            self.stats.connections_total += 1
+            client = self._client_key(scope, principal)
+            cap = self.settings.limits.max_connections_per_client
+            if cap is not None and self._per_client.get(client, 0) >= cap:
+                self.stats.connections_refused += 1
+                await _deny(
+                    scope,
+                    send,
+                    426,
+                    "websocket_connection_limit_reached",
+                    f"This client already has {cap} WebSocket mode connections open here "
+                    "(Limits.max_connections_per_client); close one, or use the HTTP API.",
+                )
+                return
+            self._per_client[client] = self._per_client.get(client, 0) + 1
             try:
-                await connection.run(principal=principal, subprotocol=subprotocol)
+                await self._serve(scope, receive, send, principal)
             finally:
-                self._open.discard(connection)
-                self.stats.connection_closed(connection.cache.evictions)
+                self._per_client[client] -= 1
+                if not self._per_client[client]:
+                    del self._per_client[client]
         finally:
             self.connections -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, principal: Any) -> None:
+        subprotocol = next(
+            (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
+        )
+        connection = Connection(self.settings, scope, receive, send)
+        self._open.add(connection)
+        self.stats.connections_open += 1
+        self.stats.connections_total += 1
+        try:
+            await connection.run(principal=principal, subprotocol=subprotocol)
+        finally:
+            self._open.discard(connection)
+            self.stats.connection_closed(connection.cache.evictions)
+
+    def _client_key(self, scope: Scope, principal: Any) -> Any:
+        """Whose connection this is, for `max_connections_per_client`: the principal when an
+        `authenticate` hook names one, otherwise the client's address."""
+        if self.authenticate is not None and principal is not None:
+            try:
+                hash(principal)
+            except TypeError:
+                return ("principal", repr(principal))
+            return ("principal", principal)
+        client = scope.get("client")
+        return ("address", client[0] if client else None)
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """Drain the sockets when the server announces its shutdown, before the app hears;
