@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Scope
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from ws_mode import AuthenticationFailed, WebSocketModeMiddleware, bearer_token, turn
@@ -68,9 +68,30 @@ BROKEN = WebSocketModeMiddleware(
 )
 
 
+REVOKABLE: dict[str, str] = {}
+
+
+def revocable(scope: Scope) -> str:
+    token = bearer_token(scope) or ""
+    if token not in REVOKABLE:
+        raise AuthenticationFailed("This key was revoked.")
+    return REVOKABLE[token]
+
+
+RECHECKED = WebSocketModeMiddleware(
+    APP,
+    path="/recheck/v1/responses",
+    handler_path="/v1/responses",
+    authenticate=revocable,
+    reauthenticate_seconds=0,
+)
+
+
 async def root(scope: Any, receive: Any, send: Any) -> None:
     path: str = scope.get("path", "")
-    if path.startswith("/switch"):
+    if path.startswith("/recheck"):
+        await RECHECKED(scope, receive, send)
+    elif path.startswith("/switch"):
         await SWITCHABLE(scope, receive, send)
     elif path.startswith("/broken"):
         await BROKEN(scope, receive, send)
@@ -162,6 +183,25 @@ def test_bearer_token_reads_the_header_before_the_subprotocols() -> None:
     assert bearer_token({"headers": [], "subprotocols": ["bearer."]}) is None
 
 
+def test_a_revoked_key_stops_working_on_an_open_socket(base_url: str) -> None:
+    """With `reauthenticate_seconds=0` the hook runs before every turn: once the key is
+    revoked the next turn gets a clear error and the socket closes (1008)."""
+    REVOKABLE["sk-temp"] = "carol"
+    headers = {"Authorization": "Bearer sk-temp"}
+    with connect(ws(base_url, "/recheck/v1/responses"), additional_headers=headers) as socket:
+        assert first_text(socket).startswith("carol")
+        del REVOKABLE["sk-temp"]
+        socket.send(json.dumps({"type": "response.create", "model": "m", "input": "hi"}))
+        event = json.loads(socket.recv(timeout=10))
+        assert event["type"] == "error"
+        assert event["status"] == 401
+        assert event["error"]["code"] == "invalid_api_key"
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1008
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="authenticate"):
         WebSocketModeMiddleware(APP, authenticate="yes")  # type: ignore[arg-type]
@@ -169,3 +209,7 @@ def test_settings_are_checked() -> None:
         WebSocketModeMiddleware(APP, subprotocols="ws-mode")
     with pytest.raises(ValueError, match="401 or 403"):
         AuthenticationFailed(status=404)
+    with pytest.raises(ConfigError, match="reauthenticate_seconds"):
+        WebSocketModeMiddleware(APP, reauthenticate_seconds=60)  # no hook to run
+    with pytest.raises(ConfigError, match="reauthenticate_seconds"):
+        WebSocketModeMiddleware(APP, authenticate=authenticate, reauthenticate_seconds=-1)

@@ -1,8 +1,10 @@
-"""Authentication at the handshake.
+"""Authentication at the handshake, and again while the socket is open.
 
 The middleware calls `authenticate(scope)` before accepting a socket. The hook returns the
 principal the connection's turns then carry (`Turn.principal`), or raises
-`AuthenticationFailed` to refuse the upgrade with 401 or 403.
+`AuthenticationFailed` to refuse the upgrade with 401 or 403. With `reauthenticate_seconds`
+the hook runs again, on the same handshake, before a turn once that long has passed (0: before
+every turn), so a revoked credential stops working on open sockets too.
 
 Browsers cannot set `Authorization` on a WebSocket upgrade; they can offer subprotocols. A
 client may pass its token as a subprotocol `bearer.<token>` next to the protocol it speaks:
@@ -11,6 +13,8 @@ client may pass its token as a subprotocol `bearer.<token>` next to the protocol
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +22,9 @@ from starlette.types import Scope
 
 from .errors import WSModeError
 
-__all__ = ["AuthenticationFailed", "Authenticator", "bearer_token"]
+__all__ = ["AuthenticationFailed", "Authenticator", "authenticate", "bearer_token"]
+
+logger = logging.getLogger(__name__)
 
 #: `authenticate(scope)`: returns the principal (any value) or raises `AuthenticationFailed`.
 Authenticator = Callable[[Scope], Awaitable[Any] | Any]
@@ -51,3 +57,25 @@ def bearer_token(scope: Scope, *, subprotocol_prefix: str = TOKEN_SUBPROTOCOL_PR
         if offered.startswith(subprotocol_prefix) and len(offered) > len(subprotocol_prefix):
             return offered[len(subprotocol_prefix) :]
     return None
+
+
+async def authenticate(hook: Authenticator, scope: Scope) -> Any:
+    """Run the hook on a handshake: the principal, or `AuthenticationFailed` (a hook that
+    fails otherwise is logged and refuses with 500)."""
+    try:
+        principal = hook(scope)
+        if inspect.isawaitable(principal):
+            principal = await principal
+    except AuthenticationFailed:
+        raise
+    except Exception as exc:
+        logger.exception("the authenticate hook failed")
+        failed = AuthenticationFailed("Authentication failed on the server.")
+        failed.status = 500
+        raise failed from exc
+    return principal
+
+
+def failure_code(exc: AuthenticationFailed) -> str:
+    """The error code a refusal carries."""
+    return {401: "invalid_api_key", 403: "forbidden"}.get(exc.status, "server_error")

@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
+from .auth import AuthenticationFailed, authenticate, failure_code
 from .cache import ResponseCache
 from .client_events import (
     CreateEvent,
@@ -68,12 +69,14 @@ class Connection:
         self._run_task: asyncio.Task[Any] | None = None
         self._stalled = False
         self._active_at = 0.0  # the loop time of the last frame or finished turn
+        self._authenticated_at = 0.0
 
     # The socket.
 
     async def run(self, *, principal: Any = None, subprotocol: str | None = None) -> None:
         """Accept the socket and serve it; return when it is closed."""
         self.turns.principal = principal
+        self._authenticated_at = asyncio.get_running_loop().time()
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
@@ -253,6 +256,7 @@ class Connection:
         try:
             event = parse_client_event(text)
             if isinstance(event, CreateEvent):
+                await self._check_credentials()
                 self._submit(event)
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
@@ -299,6 +303,24 @@ class Connection:
                 stream_id=create.stream_id,
             )
         self.lanes.submit(create)
+
+    async def _check_credentials(self) -> None:
+        """Run `authenticate` again when `reauthenticate_seconds` have passed; a refused
+        principal gets an error event and a close."""
+        hook, every = self.settings.authenticate, self.settings.reauthenticate_seconds
+        now = asyncio.get_running_loop().time()
+        if hook is None or every is None or now - self._authenticated_at < every:
+            return
+        try:
+            self.turns.principal = await authenticate(hook, self.scope)
+        except AuthenticationFailed as exc:
+            kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+            with contextlib.suppress(ClientGone):
+                await self.send_error(error_event(exc.status, kind, failure_code(exc), exc.message))
+            await self.lanes.stop()
+            await self._close(POLICY_VIOLATION, "credentials no longer accepted")
+            raise ClientGone("the credentials were refused") from None
+        self._authenticated_at = now
 
     async def _run_turn(self, create: CreateEvent) -> None:
         try:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .auth import AuthenticationFailed, Authenticator
+from .auth import AuthenticationFailed, Authenticator, authenticate, failure_code
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
@@ -54,8 +53,11 @@ class WebSocketModeMiddleware:
     (browsers that offer subprotocols need one back). A browser's handshake (one with an
     `Origin` header) is refused with 403 unless it comes from the server's own origin or one in
     `allowed_origins` (`"https://app.example.com"`, `"https://*.example.com"`, `"*"`); clients
-    that send no `Origin` are unaffected. `enabled=False` (settable at run time)
-    answers upgrades with 426 so clients fall back to HTTP.
+    that send no `Origin` are unaffected. `reauthenticate_seconds` runs `authenticate` again
+    on the open socket before a turn once that long has passed since the last check (0: before
+    every turn): a revoked credential gets an error event and a close (1008).
+    `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
+    HTTP.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class WebSocketModeMiddleware:
         authenticate: Authenticator | None = None,
         subprotocols: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
+        reauthenticate_seconds: float | None = None,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -88,6 +91,16 @@ class WebSocketModeMiddleware:
             raise ConfigError(f"on_cache_miss must be 'error' or 'forward', got {on_cache_miss!r}.")
         if isinstance(subprotocols, str) or not all(isinstance(p, str) for p in subprotocols):
             raise ConfigError(f"subprotocols must be a sequence of strings, got {subprotocols!r}.")
+        if reauthenticate_seconds is not None and (
+            isinstance(reauthenticate_seconds, bool)
+            or not isinstance(reauthenticate_seconds, int | float)
+            or reauthenticate_seconds < 0
+            or authenticate is None
+        ):
+            raise ConfigError(
+                "reauthenticate_seconds must be None or a number >= 0 (0: before every turn), "
+                f"and needs an authenticate hook; got {reauthenticate_seconds!r}."
+            )
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
@@ -111,6 +124,8 @@ class WebSocketModeMiddleware:
             on_response=on_response,
             on_cache_miss=on_cache_miss,
             subprotocols=tuple(subprotocols),
+            authenticate=authenticate,
+            reauthenticate_seconds=reauthenticate_seconds,
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)
@@ -249,21 +264,12 @@ class WebSocketModeMiddleware:
         if self.authenticate is None:
             return None
         try:
-            principal = self.authenticate(scope)
-            if inspect.isawaitable(principal):
-                principal = await principal
+            return await authenticate(self.authenticate, scope)
         except AuthenticationFailed as exc:
-            code = "invalid_api_key" if exc.status == 401 else "forbidden"
             headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
             self.stats.connections_refused += 1
-            await _deny(scope, send, exc.status, code, exc.message, headers=headers)
+            await _deny(scope, send, exc.status, failure_code(exc), exc.message, headers=headers)
             return _REFUSED
-        except Exception:
-            logger.exception("the authenticate hook failed")
-            self.stats.connections_refused += 1
-            await _deny(scope, send, 500, "server_error", "Authentication failed on the server.")
-            return _REFUSED
-        return principal
 
     def _is_socket_path(self, scope: Scope) -> bool:
         path: str = scope["path"]

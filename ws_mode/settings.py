@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp
 
+from .auth import Authenticator
 from .limits import Limits
 from .stats import Stats
 from .tokens import Renderer
@@ -36,4 +37,6 @@ class Settings:
     on_response: ResponseHook | None = None
     on_cache_miss: CacheMiss = "error"
     subprotocols: tuple[str, ...] = ()
+    authenticate: Authenticator | None = None
+    reauthenticate_seconds: float | None = None
     stats: Stats = field(default_factory=Stats)
