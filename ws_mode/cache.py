@@ -17,12 +17,12 @@ from cachetools import LRUCache
 
 from .tokens import Tokens
 
-__all__ = ["CachedResponse", "ResponseCache", "encode_items"]
+__all__ = ["NODE_OVERHEAD", "CachedResponse", "ResponseCache", "encode_items"]
 
 logger = logging.getLogger(__name__)
 
 # What a node costs beyond its encoded items: the objects, the response's other fields.
-_NODE_OVERHEAD = 512
+NODE_OVERHEAD = 512
 
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
@@ -108,7 +108,7 @@ class CachedResponse:
         # output, instructions and tools); the input is counted on top.
         if size is None:
             size = len(self.output_fragment)
-        self.size = len(self.input_fragment) + size + _NODE_OVERHEAD
+        self.size = len(self.input_fragment) + size + NODE_OVERHEAD
 
     def __repr__(self) -> str:
         return f"<CachedResponse {self.id} depth={self.depth}>"
