@@ -564,3 +564,19 @@ def test_response_processed_is_an_acknowledgement() -> None:
     event = parse_client_event(json.dumps({"type": "response.processed", "response_id": "r"}))
     assert isinstance(event, ProcessedEvent)
     assert event.response_id == "r"
+
+
+def test_a_refused_create_does_not_hold_its_frame() -> None:
+    """Refusals wait on busy lanes: one must not keep the frame alive through the
+    exception it was raised from."""
+    error = create_refusal(input=5, stream_id="lane", padding="x" * 10_000)
+    assert error.on_lane
+    assert error.__context__ is None
+    assert error.__cause__ is None
+
+
+def test_a_create_knows_its_frame_size() -> None:
+    text = json.dumps({"type": CREATE, "input": "hi"})
+    event = parse_client_event(text)
+    assert isinstance(event, CreateEvent)
+    assert event.size == len(text)

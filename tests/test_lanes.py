@@ -263,3 +263,63 @@ async def test_a_failing_request_does_not_stop_the_ones_behind_it(
     assert ran == ["bad", "good"]
     assert lanes.tasks() == []
     assert "a WebSocket mode request failed" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_waiting_requests_are_bounded_by_bytes_too() -> None:
+    recorder = Recorder()
+    lanes = lanes_for(recorder, max_queued_bytes=1000)
+    big = create(None, "running")
+    big.size = 5000  # one request may always wait, whatever its size
+    lanes.submit(big)
+    await settle()
+    assert lanes.queued_bytes == 0  # running requests are not waiting
+    first = create(None, "wait1")
+    first.size = 5000
+    lanes.submit(first)
+    assert lanes.queued_bytes == 5000
+    second = create("other", "wait2")
+    second.size = 10
+    with pytest.raises(ProtocolError) as refused:
+        lanes.submit(second)
+    assert refused.value.code == "too_many_queued_requests"
+    assert "max_queued_bytes" in refused.value.message
+    recorder.gate("running").set()
+    await settle()
+    assert lanes.queued_bytes == 0
+    await lanes.stop()
+
+
+@pytest.mark.anyio
+async def test_a_waiting_refusal_keeps_no_trace_of_its_frame() -> None:
+    """A refusal queued on a busy lane holds its message only, not the frame it refused."""
+    recorder = Recorder()
+    lanes = lanes_for(recorder)
+    lanes.submit(create("main", "a"))
+    await settle()
+    try:
+        try:
+            raise ValueError("x" * 1000)  # stands for the parse error holding the frame
+        except ValueError:
+            raise ProtocolError("bad", code="invalid_type", stream_id="main", on_lane=True)  # noqa: B904
+    except ProtocolError as error:
+        refusal = error
+    assert refusal.__context__ is not None
+    assert lanes.refuse_in_order(refusal)
+    assert refusal.__context__ is None
+    assert refusal.__traceback__ is None
+    recorder.gate("a").set()
+    await settle()
+    assert recorder.refused == ["invalid_type"]
+
+
+@pytest.mark.anyio
+async def test_refusals_past_the_bound_are_answered_at_once() -> None:
+    recorder = Recorder()
+    lanes = lanes_for(recorder, max_queued=1)
+    lanes.submit(create("main", "a"))
+    await settle()
+    lanes.submit(create("main", "b"))  # waits: the bound is reached
+    refusal = ProtocolError("bad", code="invalid_type", stream_id="main", on_lane=True)
+    assert not lanes.refuse_in_order(refusal)
+    await lanes.stop()

@@ -106,6 +106,8 @@ class CreateEvent:
     stream_id: str | None
     generate: bool
     tools: list[dict[str, Any]] | None
+    #: The frame's length, what a waiting request is counted as (`Limits.max_queued_bytes`).
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -140,7 +142,7 @@ def parse_client_event(text: str) -> CreateEvent | SteerEvent | ProcessedEvent:
         )
     event_type = data.get("type")
     if event_type == "response.create":
-        return _parse_create(data)
+        return _parse_create(data, len(text))
     if event_type == "response.steer":
         return _parse_steer(data)
     if event_type == "response.processed":
@@ -159,7 +161,7 @@ def parse_client_event(text: str) -> CreateEvent | SteerEvent | ProcessedEvent:
     )
 
 
-def _parse_create(data: dict[str, Any]) -> CreateEvent:
+def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
     stream_id = data.get("stream_id")
     # The lane is known before anything else is checked, so later errors can carry it.
     if stream_id is not None and not (isinstance(stream_id, str) and STREAM_ID.match(stream_id)):
@@ -169,12 +171,16 @@ def _parse_create(data: dict[str, Any]) -> CreateEvent:
             code="invalid_stream_id",
             param="stream_id",
         )
+    refusal: ProtocolError | None = None
     try:
         create = _Create.model_validate(data)
     except ValidationError as exc:
-        error = _validation_error(exc, stream_id)
-        error.on_lane = True
-        raise error from None
+        refusal = _validation_error(exc, stream_id)
+    if refusal is not None:
+        # Raised outside the handler: a refusal waiting on its lane must not keep the
+        # validation error, which holds the whole frame.
+        refusal.on_lane = True
+        raise refusal
     if create.background:
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
@@ -203,6 +209,7 @@ def _parse_create(data: dict[str, Any]) -> CreateEvent:
         stream_id=stream_id,
         generate=create.generate is not False,
         tools=data.get("tools"),
+        size=size,
     )
 
 

@@ -55,6 +55,7 @@ class Lanes:
         self._named: set[str] = set()
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._waiting = 0  # requests taken off their lane, waiting for an in-flight slot
+        self._queued_bytes = 0  # the frame bytes of every request not yet running
 
     def submit(self, create: CreateEvent) -> None:
         """Queue a request on its lane; raise `ProtocolError` when a bound refuses it."""
@@ -74,6 +75,16 @@ class Lanes:
                     )
                 self._named.add(create.stream_id)
             lane = self._lanes[create.stream_id] = _Lane(create.stream_id)
+        if self.queued() and self._queued_bytes + create.size > self._limits.max_queued_bytes:
+            raise ProtocolError(
+                f"The requests waiting on this connection already hold {self._queued_bytes} "
+                f"bytes (Limits.max_queued_bytes is {self._limits.max_queued_bytes}); wait for "
+                "responses to finish before sending more.",
+                code="too_many_queued_requests",
+                param=None,
+                status=429,
+                stream_id=create.stream_id,
+            )
         if self.queued() >= self._limits.max_queued:
             raise ProtocolError(
                 f"Too many requests are waiting on this connection ({self._limits.max_queued}); "
@@ -87,12 +98,21 @@ class Lanes:
 
     def refuse_in_order(self, error: ProtocolError) -> bool:
         """Queue a refusal behind what its busy lane runs before it; False when the lane is
-        idle (the caller answers it at once)."""
+        idle, or too much already waits (the caller answers it at once)."""
         lane = self._lanes.get(error.stream_id) if error.on_lane else None
-        if lane is None:
+        if lane is None or self.queued() >= self._limits.max_queued:
             return False
+        # A waiting refusal keeps its message only: its traceback and the exception it was
+        # raised from hold the frame it refused, parsed and raw.
+        error.__traceback__ = None
+        error.__context__ = None
         self._enqueue(lane, error)
         return True
+
+    @property
+    def queued_bytes(self) -> int:
+        """The frame bytes of the requests that wait."""
+        return self._queued_bytes
 
     def queued(self) -> int:
         """How many requests wait: on their lanes, or for an in-flight slot."""
@@ -112,6 +132,7 @@ class Lanes:
         tasks = self.tasks()
         for lane in self._lanes.values():
             lane.queue.clear()
+        self._queued_bytes = 0
         for task in tasks:
             task.cancel()
         if tasks:
@@ -119,6 +140,8 @@ class Lanes:
         self._lanes.clear()
 
     def _enqueue(self, lane: _Lane, item: CreateEvent | ProtocolError) -> None:
+        if isinstance(item, CreateEvent):
+            self._queued_bytes += item.size
         lane.queue.append(item)
         if lane.task is None:
             lane.task = asyncio.create_task(self._serve(lane))
@@ -136,6 +159,7 @@ class Lanes:
                     await self._in_flight.acquire()
                 finally:
                     self._waiting -= 1
+                    self._queued_bytes -= item.size
                 try:
                     await self._run(item)
                 except self._ends_lane:

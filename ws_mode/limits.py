@@ -21,7 +21,8 @@ class Limits:
     `max_connection_seconds` ends a socket after that long (OpenAI: 60 minutes);
     `max_message_bytes` bounds one client frame; `max_cached_responses` and `max_cached_bytes`
     bound each connection's response cache; `max_in_flight` responses run at once per
-    connection (the rest queue, at most `max_queued` of them); `max_streams` distinct named
+    connection (the rest queue, at most `max_queued` of them holding at most
+    `max_queued_bytes` of frames; one request may always wait); `max_streams` distinct named
     `stream_id`s per connection; `max_turn_seconds` bounds one handler call (None: no bound);
     a client that leaves a frame unread for `max_send_stall_seconds` is disconnected; a
     connection with no client frame and no turn running for `max_idle_seconds` is closed
@@ -38,6 +39,7 @@ class Limits:
     max_in_flight: int = 16
     max_streams: int = 32
     max_queued: int = 1024
+    max_queued_bytes: int = 256 * MiB
     max_turn_seconds: float | None = None
     max_send_stall_seconds: float = 60.0
     max_idle_seconds: float | None = 900.0
