@@ -1,18 +1,20 @@
 """Real ASGI servers on loopback for the integration tests.
 
-`serve(app, server="uvicorn")` runs the app under a real server in a background thread and
-yields its base URL; the server stops when the block exits (and by itself after `lifetime`
-seconds, so nothing outlives a crashed test run).
+`serve(app, server="uvicorn")` runs the app under a real server in a background thread (the
+tools' runner, `ws_mode.tools.loopback.ServerThread`) and yields its base URL; the server stops
+when the block exits (and by itself after `lifetime` seconds, so nothing outlives a crashed test
+run).
 
 `ALL_SERVERS` adds the servers that run in a child process, when they are installed: daphne
 (Twisted's reactor is process-wide and runs once) and granian (a Rust server with its own
 worker processes). They take the app as an import string (`"package.module:attribute"`), plus
 `env` and `pythonpath` options for the child; uvicorn and hypercorn take an app or a string.
+Daphne serves on a socket bound here and passed down (`--fd`), like every server the tools
+start; granian cannot take one, so it binds a port found free.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import importlib.util
@@ -23,13 +25,20 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp
+
+from ws_mode.tools.loopback import (
+    WS_MAX_SIZE,
+    ServerStartError,
+    ServerThread,
+    bind_loopback,
+    origin,
+    wait_answering,
+)
 
 SERVERS = ("uvicorn", "hypercorn")
 #: Servers run in a child process; only those installed here are listed.
@@ -48,15 +57,6 @@ def free_port() -> int:
         return port
 
 
-def _wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.02)
-    raise RuntimeError(f"the test server did not start listening on port {port}")
-
-
 @contextlib.contextmanager
 def serve(
     app: ASGIApp | str, server: str = "uvicorn", *, lifetime: float = 600.0, **options: Any
@@ -68,76 +68,20 @@ def serve(
         with _serve_in_child(app, server, lifetime=lifetime, **options) as base_url:
             yield base_url
         return
+    if server not in SERVERS:
+        raise ValueError(f"unknown server {server!r}; expected one of {ALL_SERVERS}")
     if isinstance(app, str):
         app = import_app(app)
-    port = free_port()
-    stop = threading.Event()
-    loop_holder: dict[str, Any] = {}
-
-    if server == "uvicorn":
-        import uvicorn
-
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan=options.pop("lifespan", "auto"),
-            ws_max_size=options.pop("ws_max_size", 256 * 1024 * 1024),
-            **options,
-        )
-        uv_server = uvicorn.Server(config)
-
-        def run() -> None:
-            uv_server.run()
-
-        def shutdown() -> None:
-            uv_server.should_exit = True
-
-    elif server == "hypercorn":
-        from hypercorn.asyncio import serve as hypercorn_serve
-        from hypercorn.config import Config
-
-        config_h = Config()
-        config_h.bind = [f"127.0.0.1:{port}"]
-        config_h.loglevel = "WARNING"
-        config_h.websocket_max_message_size = options.pop("ws_max_size", 256 * 1024 * 1024)
-        for key, value in options.items():
-            setattr(config_h, key, value)
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            loop_holder["loop"] = loop
-            event = asyncio.Event()
-            loop_holder["event"] = event
-            try:
-                loop.run_until_complete(
-                    hypercorn_serve(app, config_h, shutdown_trigger=event.wait)  # type: ignore[arg-type]
-                )
-            finally:
-                loop.close()
-
-        def shutdown() -> None:
-            loop = loop_holder.get("loop")
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(loop_holder["event"].set)
-
-    else:
-        raise ValueError(f"unknown server {server!r}; expected one of {ALL_SERVERS}")
-
-    thread = threading.Thread(target=run, name=f"{server}-{port}", daemon=True)
-    thread.start()
-    timer = threading.Timer(lifetime, shutdown)
-    timer.daemon = True
-    timer.start()
-    try:
-        _wait_for_port(port, 15.0)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        timer.cancel()
-        shutdown()
-        thread.join(15.0)
+    with ServerThread(
+        app,
+        "uvicorn" if server == "uvicorn" else "hypercorn",
+        ws_max_size=options.pop("ws_max_size", WS_MAX_SIZE),
+        lifespan=options.pop("lifespan", "auto"),
+        lifetime=lifetime,
+        name=server,
+        options=options,
+    ) as base_url:
+        yield base_url
 
 
 def import_app(target: str) -> Any:
@@ -147,18 +91,19 @@ def import_app(target: str) -> Any:
 
 
 def _child_command(
-    target: str, server: str, port: int, ws_max_size: int, options: dict[str, Any]
+    target: str, server: str, where: str, ws_max_size: int, options: dict[str, Any]
 ) -> list[str]:
+    """The child's command line; `where` is daphne's listening fd, or granian's port."""
     if server == "daphne":
         command = [
-            *("-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0"),
+            *("-m", "daphne", "--fd", where, "-v", "0"),
             *("--websocket-max-message-size", str(ws_max_size)),
             *("--websocket-max-frame-size", str(ws_max_size)),
         ]
     else:  # granian: its WebSocket message size limit is fixed (tungstenite's defaults)
         command = [
             *("-m", "granian", "--interface", options.pop("interface", "asgi")),
-            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+            *("--host", "127.0.0.1", "--port", where, "--log-level", "warning"),
             "--no-access-log",
         ]
     for key, value in options.items():
@@ -177,12 +122,17 @@ def _serve_in_child(
     lifetime: float,
     env: dict[str, str] | None = None,
     pythonpath: tuple[str | Path, ...] = (),
-    ws_max_size: int = 256 * 1024 * 1024,
+    ws_max_size: int = WS_MAX_SIZE,
     **options: Any,
 ) -> Iterator[str]:
     """Run `target` under `server` in a child process that lives at most `lifetime` seconds."""
-    port = free_port()
-    command = _child_command(target, server, port, ws_max_size, options)
+    listener = bind_loopback() if server == "daphne" else None  # bound here, served there
+    if listener is not None:
+        base_url, where = origin(listener), str(listener.fileno())
+    else:  # granian
+        port = free_port()
+        base_url, where = f"http://127.0.0.1:{port}", str(port)
+    command = _child_command(target, server, where, ws_max_size, options)
     # Even if this process dies without cleaning up, the child ends by itself.
     timeout = shutil.which("timeout")
     if timeout is not None:
@@ -192,26 +142,24 @@ def _serve_in_child(
     if child_env.get("PYTHONPATH"):
         paths.append(child_env["PYTHONPATH"])
     child_env["PYTHONPATH"] = os.pathsep.join(paths)
+    keep = () if listener is None else (listener.fileno(),)
     with tempfile.TemporaryFile() as log:
-        child = subprocess.Popen(
-            command, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT
-        )
         try:
-            deadline = time.monotonic() + 20.0
-            while True:
-                if child.poll() is not None:
-                    log.seek(0)
-                    output = log.read().decode(errors="replace")
-                    raise RuntimeError(f"{server} exited with {child.returncode}:\n{output}")
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{server} did not start listening on port {port}")
-                time.sleep(0.05)
-            yield f"http://127.0.0.1:{port}"
+            child = subprocess.Popen(
+                command, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=keep,
+            )  # fmt: skip
+        finally:
+            if listener is not None:
+                listener.close()  # the child holds its copy
+        try:
+            try:
+                wait_answering(base_url, child, timeout=20.0)
+            except ServerStartError as exc:
+                log.seek(0)
+                output = log.read().decode(errors="replace")
+                raise RuntimeError(f"{server} {exc} ({child.returncode}):\n{output}") from None
+            yield base_url
         finally:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)

@@ -32,15 +32,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .check import (
-    CheckOptions,
-    CompatibilityCheck,
-    CompatibilityError,
-    RecordedCall,
-    Report,
-    TurnReport,
-    check_conversation,
-)
+from .check import CheckOptions, CompatibilityCheck, check_conversation
 from .program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
@@ -53,6 +45,8 @@ from .program import (
     Step,
     conversations,
 )
+from .recorder import RecordedCall
+from .report import CompatibilityError, Report, TurnReport
 
 with contextlib.suppress(ImportError):  # the fixture, where pytest is installed
     from .plugin import CompatibilityChecks, ws_mode_check

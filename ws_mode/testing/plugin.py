@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from starlette.types import ASGIApp
 
-from .check import CheckOptions, CompatibilityCheck, Report, find_middleware
+from ..middleware import find_middlewares
+from .check import CheckOptions, CompatibilityCheck
 from .program import Conversation, Step
+from .report import Report
 
 __all__ = ["CompatibilityChecks", "ws_mode_check"]
 
@@ -50,7 +52,7 @@ class CompatibilityChecks:
         for served, given, check in self._checks:
             if served is app and given == wanted:
                 return check
-        if options.get("middleware") is None and find_middleware(app) is not None:
+        if options.get("middleware") is None and find_middlewares(app):
             # The app's own middleware records for one check at a time: stop the check with
             # other options first.
             for entry in [entry for entry in self._checks if entry[0] is app]:

@@ -8,10 +8,11 @@ one program works against a deterministic handler and a real model alike.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from ..protocol import SOCKET_ONLY_FIELDS, STREAM_ID
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -83,20 +84,14 @@ DEFAULT_FIELDS: tuple[dict[str, Any], ...] = (
 )
 
 # Fields a step sets itself, or that only exist on the socket.
-_RESERVED_FIELDS = frozenset(
-    {
-        "type",
-        "input",
-        "previous_response_id",
-        "stream_id",
-        "generate",
-        "background",
-        "model",
-        "instructions",
-        "tools",
-    }
-)
-_STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,256}\Z")
+_RESERVED_FIELDS = SOCKET_ONLY_FIELDS | {
+    "input",
+    "previous_response_id",
+    "background",
+    "model",
+    "instructions",
+    "tools",
+}
 
 
 @dataclass(frozen=True)
@@ -239,7 +234,7 @@ def conversations(
 
 
 def _check_lane(lane: object) -> None:
-    if lane is not None and not (isinstance(lane, str) and _STREAM_ID.match(lane)):
+    if lane is not None and not (isinstance(lane, str) and STREAM_ID.match(lane)):
         raise ValueError(f"a lane must be None or a valid stream_id, got {lane!r}")
 
 

@@ -1,9 +1,10 @@
-"""The event-forwarding microbenchmark of ``ws-mode bench``.
+"""The event-forwarding microbenchmark of ``ws-mode bench``: its handler, its client, its result.
 
-A handler streams ``events`` small ``response.output_text.delta`` SSE events through the
-middleware to a websockets client; a bare Starlette WebSocket endpoint sends the same frames,
-already encoded, to the same client (both served by :mod:`ws_mode.bench_server`). The
-benchmark reports events/s for both, their ratio, and the server's CPU time per event.
+A handler (:class:`ForwardHandler`) streams ``events`` small ``response.output_text.delta`` SSE
+events through the middleware to a websockets client; a bare Starlette WebSocket endpoint sends
+the same frames (:func:`forward_frames`), already encoded, to the same client (both served by
+:mod:`ws_mode.bench.server`). The benchmark reports events/s for both, their ratio, and the
+server's CPU time per event.
 
 :func:`forwarding_cost_in_process` isolates ws_mode's own share: the middleware in front of the
 same handler, driven by a stand-in ASGI server whose ``send`` does nothing (no socket, no
@@ -14,29 +15,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
-import statistics
+import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import orjson
-from starlette.types import Message
+from starlette.types import Message, Receive, Scope, Send
 
-from .bench_server import BARE_PATH, FORWARD_PATH, ForwardHandler
-from .middleware import WebSocketModeMiddleware
+from ..middleware import WebSocketModeMiddleware
+from ..tools.clients import FrameError, connect_async, decode_event
+from ..tools.measure import median
 
 __all__ = [
+    "BARE_PATH",
+    "FORWARD_HANDLER_PATH",
+    "FORWARD_PATH",
     "ForwardError",
+    "ForwardHandler",
     "ForwardResult",
     "StatsControl",
+    "forward_frames",
     "forwarding_cost_in_process",
     "run_forward",
 ]
 
 _T = TypeVar("_T")
+
+FORWARD_PATH: Final = "/forward/v1/responses"
+FORWARD_HANDLER_PATH: Final = "/forward/handler"
+BARE_PATH: Final = "/forward/bare"
+_DELTA_TEXT: Final = "tok "
+_FORWARD_ITEM_ID: Final = "msg_forward"
 
 
 class ForwardError(Exception):
@@ -55,8 +67,99 @@ class StatsControl(Protocol):
     def stop_profile(self) -> None: ...
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
+# ----------------------------------------------------------------------------- the handler
+
+
+def _forward_response(response_id: str, status: str) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "model": "forward",
+        "output": [],
+        "usage": None,
+    }
+
+
+def _delta(sequence_number: int) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "item_id": _FORWARD_ITEM_ID,
+        "output_index": 0,
+        "content_index": 0,
+        "delta": _DELTA_TEXT,
+        "logprobs": [],
+        "sequence_number": sequence_number,
+    }
+
+
+def _created(response_id: str) -> dict[str, Any]:
+    return {
+        "type": "response.created",
+        "sequence_number": 0,
+        "response": _forward_response(response_id, "in_progress"),
+    }
+
+
+def _completed(response_id: str, events: int) -> dict[str, Any]:
+    return {
+        "type": "response.completed",
+        "sequence_number": events + 1,
+        "response": _forward_response(response_id, "completed"),
+    }
+
+
+def forward_frames(events: int, response_id: str = "resp_forward") -> list[str]:
+    """The frames of one forwarding response: ``response.created``, ``events`` deltas,
+    ``response.completed``: exactly what the middleware sends for the handler's stream."""
+    deltas = [_delta(number) for number in range(1, events + 1)]
+    frames = (_created(response_id), *deltas, _completed(response_id, events))
+    return [orjson.dumps(event).decode() for event in frames]
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+class ForwardHandler:
+    """A raw ASGI ``POST`` handler streaming ``events`` pre-encoded deltas as SSE, ``batch``
+    events per body chunk, between a ``response.created`` and a ``response.completed``.
+
+    It does no work per event beyond handing the chunk to ``send``: what it costs is the
+    middleware's forwarding, not the handler."""
+
+    def __init__(self, events: int, batch: int) -> None:
+        deltas = [_sse(_delta(number)) for number in range(1, events + 1)]
+        size = max(1, batch)
+        self.chunks = [b"".join(deltas[i : i + size]) for i in range(0, len(deltas), size)]
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:  # read the request body
+            message = await receive()
+            more = message.get("more_body", False)
+        response_id = "resp_" + secrets.token_hex(8)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        created = _sse(_created(response_id))
+        await send({"type": "http.response.body", "body": created, "more_body": True})
+        for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        completed = _sse(_completed(response_id, self.events))
+        await send({"type": "http.response.body", "body": completed, "more_body": False})
+
+
+# ----------------------------------------------------------------------------- the client
 
 
 @dataclass
@@ -76,12 +179,12 @@ class ForwardResult:
     @property
     def bare_rate(self) -> float:
         """Events per second from the bare endpoint (median)."""
-        return _median(self.bare_rates)
+        return median(self.bare_rates)
 
     @property
     def middleware_rate(self) -> float:
         """Events per second through the middleware (median)."""
-        return _median(self.middleware_rates)
+        return median(self.middleware_rates)
 
     @property
     def ratio(self) -> float:
@@ -91,12 +194,12 @@ class ForwardResult:
     @property
     def bare_cpu_per_event(self) -> float:
         """Server CPU seconds per event, bare endpoint (median; nan when not measured)."""
-        return _median(self.bare_cpu)
+        return median(self.bare_cpu)
 
     @property
     def middleware_cpu_per_event(self) -> float:
         """Server CPU seconds per event, through the middleware (median)."""
-        return _median(self.middleware_cpu)
+        return median(self.middleware_cpu)
 
     @property
     def cpu_ratio(self) -> float:
@@ -109,7 +212,7 @@ class ForwardResult:
     @property
     def in_process_cpu_per_event(self) -> float:
         """ws_mode's own CPU seconds per event, with no socket (median)."""
-        return _median(self.in_process_cpu)
+        return median(self.in_process_cpu)
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
@@ -123,23 +226,24 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
     return run
 
 
-async def _receive_stream(url: str, frames: int) -> float:
+async def _receive_stream(base_url: str, path: str, frames: int) -> float:
     """Open a socket, ask for one response, read ``frames`` frames; the seconds from sending
-    the request to the last frame."""
-    from websockets.asyncio.client import connect
-
-    request = json.dumps({"type": "response.create", "model": "forward", "input": []})
-    async with connect(url, max_size=None, compression=None) as socket:
+    the request to the last frame. The frames are counted, not decoded, but the last one."""
+    request = {"type": "response.create", "model": "forward", "input": []}
+    async with await connect_async(base_url, path, compression=False) as socket:
         started = time.perf_counter()
         await socket.send(request)
         last: str | bytes = ""
         for _ in range(frames):
-            last = await socket.recv()
+            last = await socket.receive_frame()
         elapsed = time.perf_counter() - started
-    text = last if isinstance(last, str) else last.decode()
-    if '"response.completed"' not in text:
+    try:
+        kind = decode_event(last).get("type")
+    except FrameError:
+        kind = None
+    if kind != "response.completed":
         raise ForwardError(
-            f"the forwarding stream did not end with response.completed: {text[:200]}"
+            f"the forwarding stream did not end with response.completed: {last[:200]!r}"
         )
     return elapsed
 
@@ -153,17 +257,16 @@ def run_forward(
     control: StatsControl | None = None,
     warmup: bool = True,
 ) -> ForwardResult:
-    """Measure event forwarding against a running :mod:`ws_mode.bench_server` started with
+    """Measure event forwarding against a running :mod:`ws_mode.bench.server` started with
     ``forward_events=events`` (and ``forward_batch=batch``): the bare endpoint and the
     middleware alternate, ``repeat`` times each. With ``control``, the server's CPU time per
     event is measured too."""
-    socket_base = "ws://" + base_url.removeprefix("http://")
-    targets = {"bare": socket_base + BARE_PATH, "middleware": socket_base + FORWARD_PATH}
+    targets = {"bare": BARE_PATH, "middleware": FORWARD_PATH}
     result = ForwardResult(events=events, batch=batch)
     frames = events + 2  # response.created, the deltas, response.completed
     if warmup:
-        for url in targets.values():
-            asyncio.run(_receive_stream(url, frames))
+        for path in targets.values():
+            asyncio.run(_receive_stream(base_url, path, frames))
     order = list(targets)
     for repetition in range(repeat):
         for name in order[repetition % 2 :] + order[: repetition % 2]:
@@ -171,7 +274,7 @@ def run_forward(
             if control is not None:
                 control.start_profile(f"forward-{name}")
             try:
-                elapsed = asyncio.run(_receive_stream(targets[name], frames))
+                elapsed = asyncio.run(_receive_stream(base_url, targets[name], frames))
             finally:
                 if control is not None:
                     control.stop_profile()

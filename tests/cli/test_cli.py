@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import select
 import subprocess
@@ -13,13 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.sync.client import connect
 
 import ws_mode
-from ws_mode import rollout
 from ws_mode.cli import main
+from ws_mode.tools import rollout
+from ws_mode.tools.clients import connect
 
-ROOT = Path(__file__).resolve().parent.parent
 NUMBER = r"[\d.]+"
 SIZE = rf"{NUMBER} (?:B|KiB|MiB)"
 TIME = rf"{NUMBER} (?:µs|ms|s)"
@@ -102,7 +100,8 @@ def _first_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> 
     raise AssertionError(f"no line starting with {prefix!r}; output: {''.join(seen)!r}")
 
 
-def test_serve_answers_a_socket_and_plain_http() -> None:
+def test_serve_answers_a_socket_and_plain_http(tmp_path: Path) -> None:
+    # Started from an unrelated directory: the installed package is all it needs.
     process = subprocess.Popen(
         [
             sys.executable,
@@ -116,7 +115,7 @@ def test_serve_answers_a_socket_and_plain_http() -> None:
             "--log-level",
             "warning",
         ],
-        cwd=ROOT,
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -128,12 +127,9 @@ def test_serve_answers_a_socket_and_plain_http() -> None:
         port = found.group(1)
         assert f'base_url="http://127.0.0.1:{port}/v1"' in line
 
-        with connect(f"ws://127.0.0.1:{port}/v1/responses") as socket:
-            socket.send(json.dumps({"type": "response.create", "model": "m", "input": "hi"}))
-            while True:
-                event = json.loads(socket.recv(timeout=10))
-                if event["type"] in ("response.completed", "error"):
-                    break
+        with connect(f"http://127.0.0.1:{port}") as socket:
+            socket.send({"type": "response.create", "model": "m", "input": "hi"})
+            event = socket.receive_turn(timeout=10)[-1]
         assert event["type"] == "response.completed", event
         assert event["response"]["output"][0]["type"] == "function_call"
 

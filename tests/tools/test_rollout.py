@@ -13,17 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.servers import free_port, serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.reference import ReferenceConfig, create_app
-from ws_mode.rollout import (
+from ws_mode.tools.rollout import (
     RolloutError,
     RolloutResult,
     run_http,
     run_socket,
     tool_output,
 )
-
-from .servers import free_port, serve
 
 TURNS = 8
 

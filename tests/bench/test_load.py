@@ -1,6 +1,7 @@
-"""The load script (`python -m ws_mode.load`): a short load in the normal suite, the big one
-(300 sockets) with `--run-slow`. Every turn must be right, nothing may fail, and the server's
-peak RSS must stay under the bound the cache limits give (`ws_mode.load.rss_bound`)."""
+"""The load script (`python -m ws_mode.bench.load`): a short load in the normal suite, the big
+one (300 sockets) with `--run-slow`. Every turn must be right, nothing may fail, and the
+server's peak RSS must stay under the bound the cache limits give
+(`ws_mode.bench.load_options.rss_bound`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ws_mode.load import (
+from ws_mode import cache
+from ws_mode.bench import load_clients
+from ws_mode.bench.load import run
+from ws_mode.bench.load_options import (
     CACHE_OVERHEAD_FACTOR,
     PER_CONNECTION_BYTES,
     SLACK_BYTES,
@@ -19,10 +23,7 @@ from ws_mode.load import (
     LoadOptions,
     LoadReport,
     rss_bound,
-    run,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def check(report: LoadReport, options: LoadOptions) -> None:
@@ -73,13 +74,14 @@ def test_three_hundred_sockets_with_large_tool_outputs() -> None:
     check(report, options)
 
 
-def test_the_command_line_reports_and_exits_zero() -> None:
+def test_the_command_line_reports_and_exits_zero(tmp_path: Path) -> None:
+    # Run from an unrelated directory: the command and its server need only the package.
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "ws_mode.load", "--connections", "8", "--turns", "3"),
+            *(sys.executable, "-m", "ws_mode.bench.load", "--connections", "8", "--turns", "3"),
             *("--lanes", "2", "--tool-output-bytes", "64", "--duration", "60", "--json"),
         ],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
@@ -93,8 +95,7 @@ def test_the_command_line_reports_and_exits_zero() -> None:
 
 def test_the_command_line_refuses_unbounded_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ws_mode.load", "--connections", "100000"],
-        cwd=ROOT,
+        [sys.executable, "-m", "ws_mode.bench.load", "--connections", "100000"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -112,3 +113,7 @@ def test_the_bound_grows_with_sockets_and_cache_not_with_turns() -> None:
     assert base == (50 << 20) + SLACK_BYTES
     assert rss_bound(50 << 20, 10, 0) - base == 10 * PER_CONNECTION_BYTES
     assert rss_bound(50 << 20, 0, 1 << 20) - base == int(CACHE_OVERHEAD_FACTOR * (1 << 20))
+
+
+def test_the_expected_cache_bytes_use_the_caches_own_node_overhead() -> None:
+    assert load_clients.NODE_OVERHEAD is cache.NODE_OVERHEAD

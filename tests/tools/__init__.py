@@ -1,0 +1,1 @@
+"""Tests of the tools' shared pieces (`ws_mode.tools`): clients, runner, rollout, measurements."""

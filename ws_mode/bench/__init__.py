@@ -1,0 +1,16 @@
+"""``ws-mode bench`` and the load test: what WebSocket mode saves, and what it holds, measured.
+
+Not part of the core library: tools around it, needing the ``cli`` extra. The modules:
+
+- :mod:`~ws_mode.bench.options`: a run's options and the modes it compares;
+- :mod:`~ws_mode.bench.run`: the run (the server in its own process, the rollouts, medians);
+- :mod:`~ws_mode.bench.report`: the tables, the plot, the JSON;
+- :mod:`~ws_mode.bench.goals`: the project's goals, compared only with ``--check``;
+- :mod:`~ws_mode.bench.server`: the benchmark server (``python -m ws_mode.bench.server``);
+- :mod:`~ws_mode.bench.forward`: the event-forwarding microbenchmark;
+- :mod:`~ws_mode.bench.load` (``python -m ws_mode.bench.load``), with
+  :mod:`~ws_mode.bench.load_options`, :mod:`~ws_mode.bench.load_clients` and
+  :mod:`~ws_mode.bench.load_server`: hundreds of sockets at once, under a memory bound.
+
+This package imports none of them, so ``python -m`` runs each without importing it twice.
+"""

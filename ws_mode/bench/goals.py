@@ -1,0 +1,148 @@
+"""The project's own goals for ``ws-mode bench``, checked only when asked (``--check``).
+
+The default report prints measurements and ratios; ``ws-mode bench --check`` also compares
+them with the goals below (docs/benchmarks.md says why each is set where it is) and exits
+non-zero when one is not met: :func:`measured_goals` measures each :class:`Goal`,
+:func:`goal_lines` prints them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from ..tools.measure import format_seconds
+from .forward import ForwardResult
+from .options import MODES
+from .run import BenchReport, ModeSummary
+
+__all__ = [
+    "GOAL_CACHE_AWARE",
+    "GOAL_DROP_IN",
+    "GOAL_FLAT",
+    "GOAL_FORWARD",
+    "Goal",
+    "goal_lines",
+    "measured_goals",
+    "percent",
+]
+
+GOAL_CACHE_AWARE: Final = 0.30
+GOAL_FLAT: Final = 1.20
+GOAL_DROP_IN: Final = 0.60
+GOAL_FORWARD: Final = 0.67
+
+
+def percent(value: float) -> str:
+    """A fraction as a whole percentage."""
+    return f"{value * 100:.0f}%"
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One of the benchmark's goals, as measured."""
+
+    text: str
+    value: float
+    limit: float
+    at_most: bool
+    detail: str = ""
+    why: str = ""
+    """Where the time goes, shown when the goal is not met."""
+
+    @property
+    def met(self) -> bool:
+        """Whether the measured value is within the limit."""
+        if math.isnan(self.value):
+            return False
+        return self.value <= self.limit if self.at_most else self.value >= self.limit
+
+
+def measured_goals(report: BenchReport) -> list[Goal]:
+    """The goals, measured on the zero-cost model (and the forwarding microbenchmark)."""
+    http, drop_in, cache_aware = (report.summary(0.0, mode.key) for mode in MODES)
+    goals = [
+        Goal(
+            "cache-aware end-to-end / HTTP's (model at zero cost)",
+            cache_aware.end_to_end / http.end_to_end,
+            GOAL_CACHE_AWARE,
+            at_most=True,
+            why=f"cache-aware: the server spent {format_seconds(cache_aware.server_cpu)} of CPU "
+            f"per rollout ({percent(cache_aware.server_cpu / cache_aware.end_to_end)} of "
+            f"its end-to-end), the handler's own work {format_seconds(cache_aware.handler_cpu)}",
+        ),
+        Goal(
+            "cache-aware per-turn time flat: late / early (model at zero cost)",
+            cache_aware.growth,
+            GOAL_FLAT,
+            at_most=True,
+            detail=f"HTTP's late / early: {http.growth:.2f}, drop-in's: {drop_in.growth:.2f}",
+        ),
+        Goal(
+            "drop-in end-to-end / HTTP's (model at zero cost)",
+            drop_in.end_to_end / http.end_to_end,
+            GOAL_DROP_IN,
+            at_most=True,
+            why=_drop_in_why(http, drop_in, report.options.concurrency),
+        ),
+    ]
+    forward = report.forward
+    if forward is not None:
+        goals.append(
+            Goal(
+                "event forwarding / bare WebSocket's throughput",
+                forward.ratio,
+                GOAL_FORWARD,
+                at_most=False,
+                detail=f"server CPU per event: bare {format_seconds(forward.bare_cpu_per_event)}, "
+                f"middleware {format_seconds(forward.middleware_cpu_per_event)}, "
+                f"ratio {forward.cpu_ratio:.2f}"
+                if forward.bare_cpu and forward.middleware_cpu
+                else "",
+                why=_forward_why(forward),
+            )
+        )
+    return goals
+
+
+def _forward_why(forward: ForwardResult) -> str:
+    if not forward.in_process_cpu:
+        return ""
+    return (
+        f"ws_mode's own work is {format_seconds(forward.in_process_cpu_per_event)} per event "
+        "(measured in-process with a send that does nothing: the handler's ASGI send, SSE "
+        "decoding, the event's checks, Connection.send_text); uvicorn's frame send, which the "
+        f"bare endpoint pays too, is the rest ({format_seconds(forward.bare_cpu_per_event)} per "
+        "event there)"
+    )
+
+
+def _drop_in_why(http: ModeSummary, drop_in: ModeSummary, concurrency: int) -> str:
+    if drop_in.handler_cpu is None or not http.end_to_end:
+        return ""
+    # Concurrent rollouts queue on one server process: their handler work adds up.
+    floor = concurrency * drop_in.handler_cpu / http.end_to_end
+    shared = f", times {concurrency} rollouts sharing the server" if concurrency > 1 else ""
+    return (
+        "drop-in leaves the handler stateless: it still parsed and rendered the whole history "
+        f"every turn ({format_seconds(drop_in.handler_cpu)} of CPU per rollout{shared}: "
+        f"{floor:.2f} of HTTP's end-to-end), which no transport removes; drop-in saved the rest: "
+        f"{format_seconds(http.end_to_end - drop_in.end_to_end)} per rollout"
+    )
+
+
+def goal_lines(goals: list[Goal]) -> list[str]:
+    """The goals as lines of the report: each with its limit, its value and whether it is
+    met; where the time went under each one that is not."""
+    lines = ["Goals:"]
+    for goal in goals:
+        relation = "<=" if goal.at_most else ">="
+        verdict = "met" if goal.met else "NOT MET"
+        detail = f" ({goal.detail})" if goal.detail else ""
+        lines.append(
+            f"  goal: {goal.text} {relation} {goal.limit:.2f}: {goal.value:.2f} - {verdict}{detail}"
+        )
+        if not goal.met and goal.why:
+            lines.append(f"    why: {goal.why}")
+    return lines

@@ -1,0 +1,102 @@
+"""The server side of the load test: the reference app behind the middleware, in its own process.
+
+The load test starts this module as a subprocess (``python -m ws_mode.bench.load_server --spec
+JSON --fd N --lifetime S``, through :func:`ws_mode.tools.loopback.server_process`, which binds
+the loopback socket and passes it down). Besides the reference Responses server at
+``/v1/responses`` (WebSocket mode included), it answers ``GET /load/stats``: its pid, its open
+sockets, its memory (:func:`ws_mode.tools.measure.memory`) and the middleware's counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any, Final
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..limits import Limits
+from ..middleware import WebSocketModeMiddleware
+from ..tools.loopback import add_child_arguments, serve_inherited
+from ..tools.measure import memory
+
+__all__ = ["SOCKET_PATH", "STATS_PATH", "build_load_app", "main", "raise_file_limit"]
+
+STATS_PATH: Final = "/load/stats"
+SOCKET_PATH: Final = "/v1/responses"
+BACKLOG: Final = 4096
+
+
+def raise_file_limit() -> None:
+    """Allow as many open files as the hard limit does (each socket is one)."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def build_load_app(spec: dict[str, Any]) -> ASGIApp:
+    """The reference app behind the middleware as the spec (the load's options) sets it, and
+    the stats route."""
+    from ..reference import ReferenceConfig, create_app, render_items
+
+    config = ReferenceConfig(
+        tool_calls=int(spec["turns"]) - 1, tokens_per_second=float(spec["tokens_per_second"])
+    )
+    middleware = WebSocketModeMiddleware(
+        create_app(config, path=SOCKET_PATH),
+        full_context=spec["full_context"],
+        renderer=render_items if spec["full_context"] == "on_miss" else None,
+        limits=Limits(
+            max_connections=int(spec["connections"]) + 16,
+            max_cached_bytes=int(spec["max_cached_bytes"]),
+            max_cached_responses=int(spec["max_cached_responses"]),
+        ),
+    )
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == STATS_PATH:
+            stats = getattr(middleware, "stats", None)
+            body = orjson.dumps(
+                {
+                    "pid": os.getpid(),
+                    "connections": middleware.connections,
+                    "memory": asdict(memory()),
+                    "stats": stats.snapshot() if stats is not None else {},
+                }
+            )
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await middleware(scope, receive, send)
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ws_mode.bench.load_server --spec JSON --fd N``: serve on the parent's
+    socket."""
+    parser = argparse.ArgumentParser(prog="python -m ws_mode.bench.load_server")
+    parser.add_argument("--spec", required=True, help="the load's options as JSON")
+    add_child_arguments(parser)
+    args = parser.parse_args(argv)
+    raise_file_limit()
+    serve_inherited(
+        build_load_app(json.loads(args.spec)),
+        args,
+        backlog=BACKLOG,
+        ws_max_size=64 * 1024 * 1024,
+        timeout_keep_alive=60,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""What the ``ws-mode`` commands share: their error, their paths, the foreground server.
+
+:class:`CommandError` is the one-line failure a command exits 1 for; :func:`run_server` runs
+uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
+:func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
+bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ..limits import Limits
+from ..tools.args import port
+from ..tools.loopback import ws_max_size
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
+__all__ = [
+    "API_PATH",
+    "LOG_LEVELS",
+    "PROG",
+    "CommandError",
+    "add_server_arguments",
+    "run_server",
+    "url_host",
+]
+
+PROG: Final = "ws-mode"
+API_PATH: Final = "/v1/responses"
+LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line and exits non-zero for."""
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that serves in the foreground: ``--host``, ``--port``,
+    ``--log-level``."""
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=port, default=8000, help="port to bind, 0 for any (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level"
+    )
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def run_server(
+    app: ASGIApp,
+    args: argparse.Namespace,
+    limits: Limits,
+    banner: Callable[[str], str],
+    what: str,
+    **config: Any,
+) -> None:
+    """Run ``app`` under uvicorn at ``args.host``/``args.port`` (``args.log_level``), draining
+    WebSocket mode on shutdown; print ``banner(origin)`` once bound. ``config`` goes to
+    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start."""
+    import uvicorn
+
+    from ..server import Server
+
+    host = url_host(args.host)
+    port: int = args.port
+
+    class AnnouncingServer(Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(banner(f"{host}:{_bound_port(self, port)}"), flush=True)
+
+    settings = uvicorn.Config(
+        app,
+        host=args.host,
+        port=port,
+        log_level=args.log_level,
+        ws_max_size=ws_max_size(limits),
+        **config,
+    )
+    try:
+        AnnouncingServer(settings).run()
+    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
+        if exc.code:
+            raise CommandError(f"the {what} could not start on {host}:{port}") from None
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it shut down for
+
+
+def _bound_port(server: uvicorn.Server, default: int) -> int:
+    """The port a started uvicorn server listens on (the chosen one when asked for 0)."""
+    for listening in getattr(server, "servers", ()):  # set by startup()
+        for listener in listening.sockets:
+            port: int = listener.getsockname()[1]
+            return port
+    return default

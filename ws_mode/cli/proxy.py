@@ -1,0 +1,107 @@
+"""``ws-mode proxy``: WebSocket mode in front of a remote HTTP Responses server (docs/proxy.md).
+
+The proxy itself is the library's :mod:`ws_mode.proxy`; this is its command: the flags, the
+upstream key from the environment, uvicorn in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Final
+
+from ..limits import Limits
+from ..middleware import WebSocketModeMiddleware
+from ..tools.args import number
+from .common import (
+    API_PATH,
+    PROG,
+    CommandError,
+    add_server_arguments,
+    run_server,
+)
+
+__all__ = ["UPSTREAM_KEY_ENV", "add_command"]
+
+UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``proxy`` and its flags."""
+    proxy = commands.add_parser(
+        "proxy",
+        help="give WebSocket mode to a remote HTTP Responses server",
+        description="Forward every HTTP request to an upstream Responses server (vLLM, Ollama, "
+        "LiteLLM, OpenAI), streaming both ways, with WebSocket mode at "
+        "ws://HOST:PORT/v1/responses in front. See docs/proxy.md.",
+    )
+    proxy.add_argument(
+        "--upstream",
+        required=True,
+        metavar="URL",
+        help="the upstream's base URL, like the openai SDK's base_url: "
+        "http://localhost:8000/v1 stands for the client's /v1",
+    )
+    add_server_arguments(proxy)
+    proxy.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"send 'Authorization: Bearer KEY' upstream instead of the client's own "
+        f"(default: ${UPSTREAM_KEY_ENV}, else the client's header passes through)",
+    )
+    proxy.add_argument(
+        "--full-context",
+        choices=("always", "on_miss"),
+        default="always",
+        help="send the upstream the whole history on every turn (always), or only the new "
+        "items plus previous_response_id when the parent is cached (on_miss: only for "
+        "upstreams that store responses) (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--forward-uncached",
+        action="store_true",
+        help="forward a previous_response_id the socket has not cached to the upstream, to "
+        "resolve from its own store, instead of answering previous_response_not_found",
+    )
+    proxy.add_argument(
+        "--timeout",
+        type=number(float, 0, strict=True),
+        default=600.0,
+        help="seconds to wait for the upstream on each read (default: %(default)g)",
+    )
+    proxy.set_defaults(run=_proxy)
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import httpx
+
+    from ..errors import ConfigError
+    from ..proxy import create_proxy
+
+    api_key: str | None = args.api_key or os.environ.get(UPSTREAM_KEY_ENV) or None
+    try:
+        upstream = create_proxy(
+            args.upstream,
+            api_key=api_key,
+            timeout=httpx.Timeout(args.timeout, connect=min(args.timeout, 10.0)),
+        )
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    limits = Limits()
+    app = WebSocketModeMiddleware(
+        upstream,
+        full_context=args.full_context,
+        on_cache_miss="forward" if args.forward_uncached else "error",
+        limits=limits,
+    )
+    auth = "the configured key" if api_key else "the client's Authorization"
+
+    def banner(origin: str) -> str:
+        return (
+            f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
+            f"{upstream.describe()} with {auth}; openai SDK: "
+            f'OpenAI(base_url="http://{origin}/v1")'
+        )
+
+    run_server(app, args, limits, banner, "proxy", lifespan="on")
+    return 0
