@@ -95,13 +95,24 @@ class Connection:
                         message = await self._receive()
                 except TimeoutError:
                     if loop.time() >= deadline:
-                        await self._end_of_life()
+                        minutes = self.limits.max_connection_seconds / 60
+                        await self._end(
+                            "websocket_connection_limit_reached",
+                            f"Responses websocket connection limit reached ({minutes:g} "
+                            "minutes). Create a new websocket connection to continue.",
+                            "connection lifetime limit reached",
+                        )
                         return
                     if self.lanes.tasks():  # a turn in flight is not idleness
                         self._active_at = loop.time()
                         continue
                     if loop.time() >= self._active_at + (idle or 0.0):
-                        await self._idle_timeout()
+                        await self._end(
+                            "websocket_idle_timeout",
+                            f"No request for {idle:g} seconds (Limits.max_idle_seconds); the "
+                            "connection is closed. Open a new one to continue.",
+                            "idle timeout",
+                        )
                         return
                     continue
                 self._active_at = loop.time()
@@ -138,35 +149,12 @@ class Connection:
         await self.lanes.stop()
         await self._close(GOING_AWAY, "server shutting down")
 
-    async def _end_of_life(self) -> None:
-        minutes = self.limits.max_connection_seconds / 60
+    async def _end(self, code: str, message: str, reason: str) -> None:
+        """Tell the client why the connection ends, then close with 1001 so it reconnects."""
         with contextlib.suppress(ClientGone):
-            await self.send_error(
-                error_event(
-                    400,
-                    "invalid_request_error",
-                    "websocket_connection_limit_reached",
-                    f"Responses websocket connection limit reached ({minutes:g} minutes). "
-                    "Create a new websocket connection to continue.",
-                )
-            )
+            await self.send_error(error_event(400, "invalid_request_error", code, message))
         await self.lanes.stop()
-        await self._close(GOING_AWAY, "connection lifetime limit reached")
-
-    async def _idle_timeout(self) -> None:
-        seconds = self.limits.max_idle_seconds
-        with contextlib.suppress(ClientGone):
-            await self.send_error(
-                error_event(
-                    400,
-                    "invalid_request_error",
-                    "websocket_idle_timeout",
-                    f"No request for {seconds:g} seconds (Limits.max_idle_seconds); the "
-                    "connection is closed. Open a new one to continue.",
-                )
-            )
-        await self.lanes.stop()
-        await self._close(GOING_AWAY, "idle timeout")
+        await self._close(GOING_AWAY, reason)
 
     async def _close(self, code: int, reason: str) -> None:
         if self._closed:

@@ -160,8 +160,7 @@ class WebSocketModeMiddleware:
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
         if not self.enabled or self._draining:
-            self.stats.connections_refused += 1
-            await _deny(
+            await self._refuse(
                 scope,
                 send,
                 426,
@@ -170,8 +169,7 @@ class WebSocketModeMiddleware:
             )
             return
         if not self._origins.allows(scope):
-            self.stats.connections_refused += 1
-            await _deny(
+            await self._refuse(
                 scope,
                 send,
                 403,
@@ -182,8 +180,7 @@ class WebSocketModeMiddleware:
             return
         if self.connections >= self.settings.limits.max_connections:
             logger.warning("refusing a WebSocket mode connection: %d are open", self.connections)
-            self.stats.connections_refused += 1
-            await _deny(
+            await self._refuse(
                 scope,
                 send,
                 426,
@@ -200,8 +197,7 @@ class WebSocketModeMiddleware:
             client = self._client_key(scope, principal)
             cap = self.settings.limits.max_connections_per_client
             if cap is not None and self._per_client.get(client, 0) >= cap:
-                self.stats.connections_refused += 1
-                await _deny(
+                await self._refuse(
                     scope,
                     send,
                     426,
@@ -233,6 +229,19 @@ class WebSocketModeMiddleware:
         finally:
             self._open.discard(connection)
             self.stats.connection_closed(connection.cache.evictions)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        send: Send,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        self.stats.connections_refused += 1
+        await _deny(scope, send, status, code, message, headers=headers)
 
     def _client_key(self, scope: Scope, principal: Any) -> Any:
         """Whose connection this is, for `max_connections_per_client`: the principal when an
@@ -267,8 +276,9 @@ class WebSocketModeMiddleware:
             return await authenticate(self.authenticate, scope)
         except AuthenticationFailed as exc:
             headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
-            self.stats.connections_refused += 1
-            await _deny(scope, send, exc.status, failure_code(exc), exc.message, headers=headers)
+            await self._refuse(
+                scope, send, exc.status, failure_code(exc), exc.message, headers=headers
+            )
             return _REFUSED
 
     def _is_socket_path(self, scope: Scope) -> bool:
