@@ -26,12 +26,15 @@ NODE_OVERHEAD = 512
 
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
-    """Encode items as a JSON array's contents, without the brackets: `{..},{..}`."""
-    if len(items) == 1:
-        # orjson's result may sit in an over-allocated buffer; what the cache keeps for an
-        # hour should cost what it counts, so keep an exact copy.
-        return bytes(memoryview(orjson.dumps(items[0])))
-    return b",".join(map(orjson.dumps, items))
+    """Encode items as a JSON array's contents, without the brackets: `{..},{..}`.
+
+    One `orjson.dumps` of the whole list, then a copy without the brackets: linear, and the
+    result is exactly as large as it counts (encoding item by item left a buffer of about
+    4 KiB behind per item: a frame of a million tiny items cost gigabytes and seconds).
+    """
+    if not items:
+        return b""
+    return orjson.dumps(items)[1:-1]
 
 
 class CachedResponse:

@@ -8,10 +8,10 @@ an error event (docs/protocol.md, "Errors") before reading the next frame.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from .protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
 
@@ -66,6 +66,22 @@ class ProtocolError(Exception):
 # field is forwarded to the handler as the client sent it, and the handler validates it.
 
 
+def _items(value: Any) -> Any:
+    """An array of objects, checked without the copy pydantic would make of each one (a frame
+    may hold a million items)."""
+    if type(value) is not list or not all(type(item) is dict for item in value):
+        raise ValueError("expected an array of objects")
+    return value
+
+
+def _input(value: Any) -> Any:
+    return value if value is None or type(value) is str else _items(value)
+
+
+def _tools(value: Any) -> Any:
+    return value if value is None else _items(value)
+
+
 class _Create(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -75,9 +91,9 @@ class _Create(BaseModel):
     background: bool | None = None
     stream: bool | None = None
     previous_response_id: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: Annotated[Any, PlainValidator(_input)] = None
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[Any, PlainValidator(_tools)] = None
     model: str | None = None
 
 
