@@ -20,7 +20,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ws_mode.cache import CachedResponse, ResponseCache, encode_items
+from ws_mode.cache import (
+    VALUE_OVERHEAD,
+    CachedResponse,
+    ResponseCache,
+    decoded_size,
+    encode_items,
+)
 
 
 def message(text: str, role: str = "user") -> dict[str, Any]:
@@ -107,10 +113,22 @@ def test_given_input_fragment_is_used() -> None:
     assert built.size > len(fragment)
 
 
-def test_size_counts_the_encoded_items() -> None:
+def test_size_counts_the_items_encoded_and_decoded() -> None:
     small = node("s", inputs=[message("x")], outputs=[])
     large = node("l", inputs=[message("x" * 1000)], outputs=[])
-    assert large.size - small.size == 999
+    assert large.size - small.size == 2 * 999  # the characters, once encoded, once decoded
+
+
+def test_decoded_size_counts_a_cost_per_value() -> None:
+    """Many tiny values cost far more than their characters; one long string barely more."""
+    tiny = b",".join([b'{"role":"user","content":"x"}'] * 100)
+    separators = 100 * 2 + 100 + 99  # two `:` and one `,` per item, a `,` between items
+    assert decoded_size(tiny) == len(tiny) + VALUE_OVERHEAD * (separators + 1)
+    assert decoded_size(tiny) > 10 * len(tiny)
+    long = b'{"output":"' + b"y" * 4096 + b'"}'
+    assert decoded_size(long) == len(long) + 2 * VALUE_OVERHEAD
+    assert decoded_size(long.decode()) == decoded_size(long)
+    assert decoded_size(b"") == 0
 
 
 # --- the cache --------------------------------------------------------------------------------

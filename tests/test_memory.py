@@ -9,6 +9,8 @@ import sys
 import textwrap
 from typing import Any
 
+import pytest
+
 
 def measure(script: str) -> dict[str, Any]:
     """Run `script` in a fresh interpreter; it prints one JSON object, which is returned."""
@@ -58,3 +60,54 @@ def test_a_frame_of_tiny_items_costs_its_objects_not_gigabytes() -> None:
     )
     per_item = result["growth"] / 200_000
     assert per_item < 1000, f"{per_item:.0f} bytes of peak RSS per item"
+
+
+CACHE_SCRIPT = """
+import orjson
+from ws_mode.cache import CachedResponse, ResponseCache, decoded_size, encode_items
+from ws_mode.client_events import parse_client_event
+SHAPE = {shape!r}
+
+def new_items(turn):
+    if SHAPE == "tiny":
+        return [{{"role": "user", "content": str(turn)}} for _ in range(50)]
+    return [{{"type": "function_call_output", "call_id": f"call_{{turn}}", "output": "y" * 4096}}]
+
+def response_text(turn):
+    call = {{"type": "function_call", "id": f"fc_{{turn}}", "call_id": f"call_{{turn}}",
+             "name": "lookup", "arguments": "{{}}", "status": "completed"}}
+    response = {{"id": f"resp_{{turn}}_{{id(call)}}", "object": "response",
+                 "status": "completed", "model": "m", "output": [call],
+                 "instructions": "Be brief.", "tools": [], "usage": None}}
+    return orjson.dumps({{"type": "response.completed", "response": response}}).decode()
+
+caches = [ResponseCache(max_entries=512, max_bytes=1 << 40) for _ in range({sockets})]
+gc.collect()
+before = rss()
+for cache in caches:
+    parent = None
+    for turn in range({turns}):
+        frame = orjson.dumps({{"type": "response.create", "input": new_items(turn)}}).decode()
+        create = parse_client_event(frame)
+        text = response_text(turn)
+        response = orjson.loads(text)["response"]
+        node = CachedResponse(
+            id=response["id"], response=response, input_items=create.new_input,
+            output_items=response["output"], parent=parent,
+            input_fragment=encode_items(create.new_input), size=decoded_size(text),
+        )
+        cache.put(node)
+        parent = node
+        del create, frame, text, response, node
+gc.collect()
+print(json.dumps({{"growth": rss() - before, "counted": sum(c.bytes for c in caches)}}))
+"""
+
+
+@pytest.mark.parametrize("shape", ["tool_outputs", "tiny"])
+def test_the_cache_counts_what_it_costs(shape: str) -> None:
+    """200 sockets x 20 turns: what the caches count is within 1.5x of the RSS they add,
+    whether the items are 4 KB tool outputs or tiny messages (which once counted 10x low)."""
+    result = measure(CACHE_SCRIPT.format(shape=shape, sockets=200, turns=20))
+    ratio = result["growth"] / result["counted"]
+    assert 1 / 1.5 <= ratio <= 1.5, f"RSS grew {ratio:.2f}x what the caches count"

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from .cache import decoded_size
 from .protocol import (
     DECODED_EVENTS,
     FAILURE_EVENTS,
@@ -35,7 +36,7 @@ class ResponseStream:
     """Decorates and forwards the events of one response; remembers how it ended.
 
     `on_finished(response, output, size)` runs on a terminal success before that event is sent
-    (`size`: the encoded response's length, for the cache's accounting),
+    (`size`: the response object's decoded size, for the cache's accounting),
     `on_failed()` on a failure; `send_text` sends one frame (raising `ClientGone` when the
     client left).
     """
@@ -135,7 +136,7 @@ class ResponseStream:
         # The cache advances before the client hears the response finished, so it can
         # continue from it at once, on any lane.
         if kind in SUCCESS_EVENTS:
-            self._succeed(response, len(text))
+            self._succeed(response, decoded_size(text))
         elif kind in FAILURE_EVENTS:
             self._fail(_failure_code(event))
         self._sent += 1
