@@ -274,10 +274,15 @@ class CacheMachine(RuleBasedStateMachine):
             inputs=[message("i" * inputs)] if inputs else [],
             outputs=[{"type": "function_call", "arguments": "o" * outputs}] if outputs else [],
         )
+        evictions = self.cache.evictions
         stored = self.cache.put(built)
         self.nodes[id] = built
-        if built.size > self.max_bytes:
+        if built.chain_size > self.max_bytes:
+            # Its conversation cannot fit even alone: not cached, nothing evicted for it,
+            # and a later miss says why.
             assert not stored
+            assert self.cache.evictions == evictions
+            assert self.cache.why_missing(id) is not None
         else:
             self.model[id] = built.size
             while len(self.model) > self.max_entries:
@@ -285,7 +290,9 @@ class CacheMachine(RuleBasedStateMachine):
             # The byte bound counts what cached nodes keep alive: their evicted ancestors too.
             while self.held_bytes() > self.max_bytes:
                 self._evict_lru()
-            assert stored == (id in self.model)
+            # The newest response is never evicted to make room for its own conversation.
+            assert stored
+            assert id in self.model
         self.contexts[id] = [
             *(self.contexts[parent.id] if parent is not None else []),
             *built.input_items,
@@ -361,3 +368,24 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=30)
 TestResponseCache = CacheMachine.TestCase
+
+
+def test_a_conversation_too_large_to_keep_evicts_nothing_else() -> None:
+    """A conversation that outgrew the bound is not kept, and the other lanes' responses are
+    not evicted for it (they once were, before it was dropped anyway); its next continuation
+    is told why it missed."""
+    other = node("other-lane", inputs=[message("x" * 100)])
+    root = node("root", inputs=[message("y" * 1500)])
+    cache = ResponseCache(max_entries=10, max_bytes=root.size + other.size + 100)
+    assert cache.put(other)
+    assert cache.put(root)
+    grown = node("grown", root, inputs=[message("z" * 1500)])
+    assert grown.chain_size > cache.bytes
+    assert not cache.put(grown)
+    assert cache.get("other-lane") is other
+    assert cache.get("root") is root
+    assert cache.evictions == 0
+    why = cache.why_missing("grown")
+    assert why is not None
+    assert "max_cached_bytes" in why
+    assert cache.why_missing("other-lane") is None

@@ -510,6 +510,7 @@ def test_max_cached_bytes_bounds_what_a_long_conversation_holds() -> None:
                         # The conversation outgrew the bound and was evicted whole: the
                         # documented recovery starts again from the full context (here, anew).
                         assert event["error"]["code"] == "previous_response_not_found"
+                        assert "max_cached_bytes" in event["error"]["message"]  # says why
                         recoveries += 1
                         previous = None
                         break

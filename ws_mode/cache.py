@@ -28,6 +28,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# How many responses too large to cache a connection remembers, to explain a later miss.
+TOO_LARGE_REMEMBERED = 64
 # What a node costs beyond its items: the node itself, its fragments' and lists' headers.
 NODE_OVERHEAD = 512
 # What a decoded JSON value costs beyond its characters (a dict, a str or an int object, a
@@ -71,6 +73,7 @@ class CachedResponse:
         "_pending_tokens",
         "_tokens",
         "artifacts",
+        "chain_size",
         "context_bytes",
         "depth",
         "holders",
@@ -141,6 +144,8 @@ class CachedResponse:
             + len(self.output_fragment)
             + size
         )
+        #: What caching this response holds at the least: it and every ancestor.
+        self.chain_size: int = self.size + (parent.chain_size if parent is not None else 0)
 
     def __repr__(self) -> str:
         return f"<CachedResponse {self.id} depth={self.depth}>"
@@ -201,6 +206,10 @@ class ResponseCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self.evictions = 0
+        # Responses not kept because their conversation alone outgrew `max_bytes`, and how
+        # large it was: a later miss on one says why (a few remembered, newest first out).
+        self._too_large: LRUCache[str, int] = LRUCache(TOO_LARGE_REMEMBERED)
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -218,22 +227,42 @@ class ResponseCache:
         return self._entries.get(response_id)
 
     def put(self, node: CachedResponse) -> bool:
-        """Cache `node`, evicting the least recently used nodes to stay within bounds."""
-        if node.size > self._max_bytes:
-            logger.warning(
-                "response %s (%d bytes) is larger than max_cached_bytes; not cached",
-                node.id,
-                node.size,
-            )
+        """Cache `node`, evicting the least recently used other nodes to stay within bounds.
+
+        A response whose conversation (it and its ancestors) cannot fit in `max_bytes` even
+        alone is not cached, and nothing else is evicted for it; `why_missing` says so later.
+        """
+        if node.chain_size > self._max_bytes:
+            self._too_large[node.id] = node.chain_size
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "response %s: its conversation (%d bytes) is larger than max_cached_bytes "
+                    "(%d); not cached (this is logged once per connection)",
+                    node.id,
+                    node.chain_size,
+                    self._max_bytes,
+                )
             return False
         old = self._entries.pop(node.id, None)
         self._entries[node.id] = node  # may evict the least recently used by count
         self._hold(node)
         if old is not None:
             self._release(old)
-        while self._bytes > self._max_bytes and self._entries:
+        # The chain fits alone, so the others free enough before `node`, the newest, is reached.
+        while self._bytes > self._max_bytes:
             self._entries.popitem()
         return node.id in self._entries
+
+    def why_missing(self, response_id: str) -> str | None:
+        """Why `response_id` is not cached, when it was too large to keep."""
+        size = self._too_large.get(response_id)
+        if size is None:
+            return None
+        return (
+            f"its conversation ({size} bytes) is larger than this connection's cache "
+            f"(Limits.max_cached_bytes = {self._max_bytes})"
+        )
 
     def evict(self, response_id: str) -> None:
         """Forget `response_id` (a failed continuation drops its parent)."""

@@ -83,7 +83,8 @@ class TurnRunner:
             else:
                 self.stats.cache_misses += 1
                 if self.settings.on_cache_miss != "forward":
-                    await self.send_error(_not_found(create))
+                    why = self.cache.why_missing(create.previous_response_id)
+                    await self.send_error(_not_found(create, why))
                     return
                 forwarded = True  # the handler resolves the id itself
         try:
@@ -351,12 +352,13 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
     return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
 
 
-def _not_found(create: CreateEvent) -> dict[str, Any]:
+def _not_found(create: CreateEvent, why: str | None) -> dict[str, Any]:
+    reason = f": {why}. Resend the full context" if why else ""
     return error_event(
         400,
         "invalid_request_error",
         "previous_response_not_found",
-        f"Previous response with id '{create.previous_response_id}' not found.",
+        f"Previous response with id '{create.previous_response_id}' not found{reason}.",
         param="previous_response_id",
         stream_id=create.stream_id,
     )
