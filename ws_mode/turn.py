@@ -147,6 +147,9 @@ def build_body(
         if create.previous_response_id is not None:
             # An uncached parent forwarded to a handler that stores responses itself.
             fields["previous_response_id"] = create.previous_response_id
+        if isinstance(create.raw_input, list) and new_fragment is not None:
+            # The items are encoded already: join them in rather than encode them again.
+            return _with_input(orjson.dumps(fields), [new_fragment] if new_fragment else [])
         if create.raw_input is not None:
             fields["input"] = create.raw_input
         return orjson.dumps(fields)
@@ -160,6 +163,10 @@ def build_body(
         new_fragment = encode_items(create.new_input)
     if new_fragment:
         fragments.append(new_fragment)
-    head = orjson.dumps(create.fields)
+    return _with_input(orjson.dumps(create.fields), fragments)
+
+
+def _with_input(head: bytes, fragments: list[bytes]) -> bytes:
+    """`head`, an encoded object, with `"input": [...]` made of `fragments` added last."""
     # `fields` always holds `stream`, so `head` is a non-empty object: `{...}`.
     return b"".join((head[:-1], b',"input":[', b",".join(fragments), b"]}"))
