@@ -34,6 +34,9 @@ from starlette.types import ASGIApp
 
 from ..limits import Limits
 
+#: How often the servers started here ping their sockets, to find peers that vanished.
+PING_SECONDS: Final = 20.0
+
 __all__ = [
     "HOST",
     "WS_MAX_SIZE",
@@ -215,6 +218,7 @@ class ServerThread:
         config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) it now
         config.loglevel = "WARNING"
         config.websocket_max_message_size = self.ws_max_size
+        config.websocket_ping_interval = PING_SECONDS  # hypercorn sends none by default
         for key, value in self.options.items():
             setattr(config, key, value)
         holder: dict[str, Any] = {}
