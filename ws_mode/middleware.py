@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -263,6 +264,7 @@ class WebSocketModeMiddleware:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._draining = False  # the same app may be served again
+                _say_how_dead_peers_are_found(self.settings.limits)
             elif message["type"] == "lifespan.shutdown":
                 await self.drain()
             return message
@@ -311,6 +313,18 @@ async def _deny(
     body = error_body(kind, code, message)
     for answer in error_answer("websocket.http.response", status, body, headers):
         await send(answer)
+
+
+def _say_how_dead_peers_are_found(limits: Limits) -> None:
+    """Warn at startup when the server in use sends no WebSocket pings (ASGI apps cannot)."""
+    if "granian" not in sys.modules:
+        return
+    idle = limits.max_idle_seconds
+    logger.warning(
+        "granian sends no WebSocket pings: a client that vanishes without a close keeps its "
+        "WebSocket mode connection until %s",
+        f"Limits.max_idle_seconds ({idle:g} s) closes it" if idle is not None else "it ends",
+    )
 
 
 def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
