@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 from ws_mode import Limits
 from ws_mode.client_events import CreateEvent, ProtocolError
+from ws_mode.items import Items
 from ws_mode.lanes import Lanes
 
 
 def create(stream_id: str | None, tag: str = "") -> CreateEvent:
     return CreateEvent(
         fields={"metadata": {"tag": tag}},
-        new_input=[],
-        raw_input=None,
+        items=Items([]),
+        input_text=None,
+        input_sent=False,
         previous_response_id=None,
         stream_id=stream_id,
         generate=True,

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 from cachetools import LRUCache
 
+from .items import Items, encode_items
 from .tokens import Tokens
 
 __all__ = [
@@ -49,18 +49,6 @@ def decoded_size(encoded: bytes | str) -> int:
     return len(encoded) + VALUE_OVERHEAD * (separators + 1) if encoded else 0
 
 
-def encode_items(items: list[dict[str, Any]]) -> bytes:
-    """Encode items as a JSON array's contents, without the brackets: `{..},{..}`.
-
-    One `orjson.dumps` of the whole list, then a copy without the brackets: linear, and the
-    result is exactly as large as it counts (encoding item by item left a buffer of about
-    4 KiB behind per item: a frame of a million tiny items cost gigabytes and seconds).
-    """
-    if not items:
-        return b""
-    return orjson.dumps(items)[1:-1]
-
-
 class CachedResponse:
     """A finished response of this connection, and what it takes to continue from it.
 
@@ -70,6 +58,7 @@ class CachedResponse:
     """
 
     __slots__ = (
+        "_input",
         "_pending_tokens",
         "_tokens",
         "artifacts",
@@ -79,7 +68,6 @@ class CachedResponse:
         "holders",
         "id",
         "input_fragment",
-        "input_items",
         "output_fragment",
         "output_items",
         "parent",
@@ -95,7 +83,7 @@ class CachedResponse:
         *,
         id: str,
         response: dict[str, Any],
-        input_items: list[dict[str, Any]],
+        input_items: list[dict[str, Any]] | Items,
         output_items: list[dict[str, Any]],
         parent: CachedResponse | None,
         stream_id: str | None = None,
@@ -107,7 +95,7 @@ class CachedResponse:
     ) -> None:
         self.id = id
         self.response = response
-        self.input_items = input_items
+        self._input = input_items if isinstance(input_items, Items) else Items(input_items)
         self.output_items = output_items
         self.parent = parent
         #: The conversation before this response is held by the handler (an upstream that
@@ -116,9 +104,7 @@ class CachedResponse:
         self.stream_id = stream_id
         self.tools_digest = tools_digest
         self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}
-        self.input_fragment = (
-            input_fragment if input_fragment is not None else encode_items(input_items)
-        )
+        self.input_fragment = input_fragment if input_fragment is not None else self._input.fragment
         self.output_fragment = encode_items(output_items)
         self.depth: int = parent.depth + 1 if parent is not None else 1
         #: The encoded size of the whole context a continuation builds on (what a client
@@ -149,6 +135,11 @@ class CachedResponse:
 
     def __repr__(self) -> str:
         return f"<CachedResponse {self.id} depth={self.depth}>"
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """The items this response's own request added (decoded on first use)."""
+        return self._input.list
 
     @property
     def tokens(self) -> Tokens | None:

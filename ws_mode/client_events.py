@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
+from .items import Items
 from .protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
 
 __all__ = [
@@ -49,6 +50,11 @@ class ProtocolError(Exception):
         #: The refusal belongs to a create's lane (`stream_id`, None for the default lane) and
         #: is answered in that lane's order.
         self.on_lane = on_lane
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only settings: rebuilt from them, for refusals made in a worker process.
+        settings = {key: getattr(self, key) for key in _REFUSAL_SETTINGS}
+        return _refusal, (self.message, settings)
 
     def event(self) -> dict[str, Any]:
         """The error event for this refusal."""
@@ -105,25 +111,46 @@ class _Steer(BaseModel):
     input: Any = None
 
 
+_REFUSAL_SETTINGS = ("code", "param", "status", "type", "stream_id", "on_lane")
+
+
+def _refusal(message: str, settings: dict[str, Any]) -> ProtocolError:
+    return ProtocolError(message, **settings)
+
+
 @dataclass(slots=True)
 class CreateEvent:
     """A validated `response.create`.
 
     `fields` holds what goes to the handler: every field the client sent except the
     socket-only ones, `input` and `previous_response_id` (the turn decides those).
-    `new_input` is the client's input as items (a string becomes one user message);
-    `raw_input` is the input exactly as sent, or None when it was absent.
+    `items` holds the client's input as items (a string becomes one user message);
+    `input_text` the input when the client sent a string, and `input_sent` whether it sent
+    an input at all.
     """
 
     fields: dict[str, Any]
-    new_input: list[dict[str, Any]]
-    raw_input: str | list[dict[str, Any]] | None
+    items: Items
+    input_text: str | None
+    input_sent: bool
     previous_response_id: str | None
     stream_id: str | None
     generate: bool
     tools: list[dict[str, Any]] | None
     #: The frame's length, what a waiting request is counted as (`Limits.max_queued_bytes`).
     size: int = 0
+
+    @property
+    def new_input(self) -> list[dict[str, Any]]:
+        """The client's input as items."""
+        return self.items.list
+
+    @property
+    def raw_input(self) -> str | list[dict[str, Any]] | None:
+        """The input exactly as sent, or None when it was absent."""
+        if self.input_text is not None:
+            return self.input_text
+        return self.items.list if self.input_sent else None
 
 
 @dataclass(slots=True)
@@ -208,9 +235,9 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         )
     raw_input = data.get("input")
     if isinstance(raw_input, str):
-        new_input: list[dict[str, Any]] = [{"role": "user", "content": raw_input}]
+        items = Items([{"role": "user", "content": raw_input}])
     else:
-        new_input = raw_input if raw_input is not None else []
+        items = Items(raw_input if raw_input is not None else [])
     fields = {
         key: value
         for key, value in data.items()
@@ -219,8 +246,9 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
     fields["stream"] = True
     return CreateEvent(
         fields=fields,
-        new_input=new_input,
-        raw_input=raw_input,
+        items=items,
+        input_text=raw_input if isinstance(raw_input, str) else None,
+        input_sent=raw_input is not None,
         previous_response_id=create.previous_response_id,
         stream_id=stream_id,
         generate=create.generate is not False,

@@ -22,9 +22,9 @@ from .client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
-    parse_client_event,
     steer_input_problem,
 )
+from .frames import parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
 from .protocol import STEER_MESSAGES, encode_event, error_event, steer_failed_event
@@ -242,7 +242,7 @@ class Connection:
             )
             return
         try:
-            event = parse_client_event(text)
+            event = await parse_frame(text)
             if isinstance(event, CreateEvent):
                 await self._check_credentials()
                 self._submit(event)

@@ -8,8 +8,9 @@ from typing import Any
 
 import orjson
 
-from .cache import CachedResponse, encode_items
+from .cache import CachedResponse
 from .client_events import CreateEvent
+from .items import Items
 from .tokens import Tokens
 
 __all__ = ["Turn", "build_body", "tools_digest", "turn"]
@@ -33,10 +34,10 @@ class Turn:
     """
 
     __slots__ = (
+        "_new_input",
         "artifacts",
         "full_context",
         "generate",
-        "new_input",
         "new_tokens",
         "prefix_tokens",
         "previous",
@@ -52,7 +53,7 @@ class Turn:
         self,
         *,
         previous: CachedResponse | None,
-        new_input: list[dict[str, Any]],
+        new_input: list[dict[str, Any]] | Items,
         stream_id: str | None = None,
         tools_digest: bytes | None = None,
         generate: bool = True,
@@ -62,7 +63,7 @@ class Turn:
         principal: Any = None,
     ) -> None:
         self.previous = previous
-        self.new_input = new_input
+        self._new_input = new_input if isinstance(new_input, Items) else Items(new_input)
         self.stream_id = stream_id
         self.tools_digest = tools_digest
         self.tools_changed = previous is None or previous.tools_digest != tools_digest
@@ -85,6 +86,11 @@ class Turn:
             f"<Turn previous={self.previous_response_id!r} new_input={len(self.new_input)} "
             f"stream_id={self.stream_id!r}>"
         )
+
+    @property
+    def new_input(self) -> list[dict[str, Any]]:
+        """The items the client sent this turn."""
+        return self._new_input.list
 
     def history(self) -> list[dict[str, Any]]:
         """The whole context: the parent chain's input and output items, then `new_input`."""
@@ -142,25 +148,22 @@ def build_body(
     context, assembled by joining the cached nodes' encoded fragments with the new items
     (`full_context`), or only the new items and `previous_response_id`.
     """
-    if previous is None:
+    if new_fragment is None:
+        new_fragment = create.items.fragment  # encoded once, wherever it is needed
+    if previous is None or not full_context:
         fields = dict(create.fields)
-        if create.previous_response_id is not None:
+        if previous is not None:
+            fields["previous_response_id"] = previous.id
+        elif create.previous_response_id is not None:
             # An uncached parent forwarded to a handler that stores responses itself.
             fields["previous_response_id"] = create.previous_response_id
-        if isinstance(create.raw_input, list) and new_fragment is not None:
+        if create.input_text is not None:
+            fields["input"] = create.input_text
+        elif create.input_sent or previous is not None:
             # The items are encoded already: join them in rather than encode them again.
             return _with_input(orjson.dumps(fields), [new_fragment] if new_fragment else [])
-        if create.raw_input is not None:
-            fields["input"] = create.raw_input
-        return orjson.dumps(fields)
-    if not full_context:
-        fields = dict(create.fields)
-        fields["previous_response_id"] = previous.id
-        fields["input"] = create.raw_input if create.raw_input is not None else []
         return orjson.dumps(fields)
     fragments = previous.context_fragments()
-    if new_fragment is None:
-        new_fragment = encode_items(create.new_input)
     if new_fragment:
         fragments.append(new_fragment)
     return _with_input(orjson.dumps(create.fields), fragments)

@@ -21,7 +21,7 @@ import orjson
 from cachetools import LRUCache
 from starlette.types import Scope
 
-from .cache import CachedResponse, ResponseCache, encode_items
+from .cache import CachedResponse, ResponseCache
 from .client_events import CreateEvent
 from .events import ResponseStream, lifecycle_events
 from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
@@ -104,7 +104,7 @@ class TurnRunner:
                 size=size,
                 id=response["id"],
                 response=response,
-                input_items=create.new_input,
+                input_items=create.items,
                 output_items=output,
                 parent=previous,
                 stream_id=create.stream_id,
@@ -173,7 +173,7 @@ class TurnRunner:
         renderer = self.settings.renderer
         current = Turn(
             previous=previous,
-            new_input=create.new_input,
+            new_input=create.items,
             stream_id=create.stream_id,
             tools_digest=digest,
             generate=create.generate,
@@ -182,7 +182,7 @@ class TurnRunner:
             principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
         )
-        new_fragment = encode_items(create.new_input)
+        new_fragment = create.items.fragment
         if not create.generate:
             return current, new_fragment, None
         body = build_body(
@@ -244,7 +244,7 @@ class TurnRunner:
         node = CachedResponse(
             id=response["id"],
             response=response,
-            input_items=create.new_input,
+            input_items=create.items,
             output_items=[],
             parent=current.previous,
             stream_id=create.stream_id,

@@ -142,6 +142,29 @@ def test_nesting_too_deep_to_re_encode_gets_an_error_and_the_lane_goes_on(
         completed_response(ws.until_terminal())
 
 
+@pytest.mark.parametrize("prefix", ["", "/onmiss"])
+def test_a_large_frame_parsed_off_the_loop_makes_the_same_conversation(
+    server: Server, tag: str, prefix: str
+) -> None:
+    """A frame past the off-loop threshold is parsed in a helper process: the handler gets the
+    same items, and the conversation continues from it as from any other."""
+    items = [{"role": "user", "content": f"note {index}"} for index in range(35_000)]
+    assert len(json.dumps(items)) > 1 << 20
+    with server.raw(prefix) as ws:
+        ws.send(create(tag, input=items, meta={"k": "0"}))
+        first = completed_response(ws.until_terminal())
+        assert text_of(first) == "Done: received 35000 items."
+        more = create(tag, input="And one more.", meta={"k": "0"}, previous_response_id=first["id"])
+        ws.send(more)
+        second = completed_response(ws.until_terminal())
+        assert text_of(second) == "Done: received 35002 items."
+
+
+def text_of(response: dict[str, Any]) -> str:
+    text: str = response["output"][-1]["content"][0]["text"]
+    return text
+
+
 def test_message_at_the_size_limit_is_accepted(server: Server, tag: str) -> None:
     event = create(tag, input="", meta={"k": "0"})
     size = len(json.dumps(event).encode())
