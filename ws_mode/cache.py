@@ -62,6 +62,7 @@ class CachedResponse:
         "_pending_tokens",
         "_tokens",
         "artifacts",
+        "chain_id",
         "chain_size",
         "context_bytes",
         "depth",
@@ -74,6 +75,7 @@ class CachedResponse:
         "remote",
         "response",
         "size",
+        "storable",
         "stream_id",
         "tools_digest",
     )
@@ -92,6 +94,7 @@ class CachedResponse:
         input_fragment: bytes | None = None,
         size: int | None = None,
         remote: bool = False,
+        storable: bool = False,
     ) -> None:
         self.id = id
         self.response = response
@@ -102,6 +105,10 @@ class CachedResponse:
         #: stores responses), not here: continuations pass `previous_response_id` on.
         self.remote: bool = remote or (parent is not None and parent.remote)
         self.stream_id = stream_id
+        #: The first response of its conversation, which groups it in a store.
+        self.chain_id: str = parent.chain_id if parent is not None else id
+        #: It and every response before it allowed storing (`store` not false).
+        self.storable: bool = storable and (parent is None or parent.storable)
         self.tools_digest = tools_digest
         self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}
         self.input_fragment = input_fragment if input_fragment is not None else self._input.fragment

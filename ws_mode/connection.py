@@ -27,6 +27,7 @@ from .client_events import (
 from .frames import parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
+from .persistence import StoreLink, store_scope
 from .protocol import STEER_MESSAGES, encode_event, error_event, steer_failed_event
 from .settings import Settings
 from .turn_runner import TurnRunner
@@ -75,7 +76,7 @@ class Connection:
 
     async def run(self, *, principal: Any = None, subprotocol: str | None = None) -> None:
         """Accept the socket and serve it; return when it is closed."""
-        self.turns.principal = principal
+        self._set_principal(principal)
         self._authenticated_at = asyncio.get_running_loop().time()
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
@@ -292,6 +293,12 @@ class Connection:
             )
         self.lanes.submit(create)
 
+    def _set_principal(self, principal: Any) -> None:
+        self.turns.principal = principal
+        store = self.settings.store
+        if store is not None:
+            self.turns.store = StoreLink(store, self.stats, store_scope(principal, self.scope))
+
     async def _check_credentials(self) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed; a refused
         principal gets an error event and a close."""
@@ -300,7 +307,7 @@ class Connection:
         if hook is None or every is None or now - self._authenticated_at < every:
             return
         try:
-            self.turns.principal = await authenticate(hook, self.scope)
+            self._set_principal(await authenticate(hook, self.scope))
         except AuthenticationFailed as exc:
             kind = "server_error" if exc.status >= 500 else "invalid_request_error"
             with contextlib.suppress(ClientGone):

@@ -17,6 +17,7 @@ from .limits import Limits
 from .origins import OriginPolicy
 from .protocol import error_answer, error_body
 from .settings import CacheMiss, FullContext, ResponseHook, Settings
+from .store import ResponseStore
 from .tokens import Renderer
 
 __all__ = [
@@ -56,7 +57,10 @@ class WebSocketModeMiddleware:
     `allowed_origins` (`"https://app.example.com"`, `"https://*.example.com"`, `"*"`); clients
     that send no `Origin` are unaffected. `reauthenticate_seconds` runs `authenticate` again
     on the open socket before a turn once that long has passed since the last check (0: before
-    every turn): a revoked credential gets an error event and a close (1008).
+    every turn): a revoked credential gets an error event and a close (1008). `store` keeps
+    responses created with `store: true` beyond the connection (`ws_mode.store.MemoryStore` in
+    this process, `ws_mode.redis_store.RedisStore` across workers and hosts): a
+    `previous_response_id` missing from the connection's cache is hydrated from it.
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
     HTTP.
     """
@@ -76,6 +80,7 @@ class WebSocketModeMiddleware:
         subprotocols: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         reauthenticate_seconds: float | None = None,
+        store: ResponseStore | None = None,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -102,6 +107,13 @@ class WebSocketModeMiddleware:
                 "reauthenticate_seconds must be None or a number >= 0 (0: before every turn), "
                 f"and needs an authenticate hook; got {reauthenticate_seconds!r}."
             )
+        if store is not None and not all(
+            callable(getattr(store, name, None)) for name in ("put", "get_chain", "delete")
+        ):
+            raise ConfigError(
+                f"store must be a response store (ws_mode.store.MemoryStore, "
+                f"ws_mode.redis_store.RedisStore), got {store!r}."
+            )
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
@@ -127,6 +139,7 @@ class WebSocketModeMiddleware:
             subprotocols=tuple(subprotocols),
             authenticate=authenticate,
             reauthenticate_seconds=reauthenticate_seconds,
+            store=store,
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)
@@ -241,8 +254,16 @@ class WebSocketModeMiddleware:
         *,
         headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
+        """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
+        response extension; servers without it get a close before accept (they answer 403)."""
         self.stats.connections_refused += 1
-        await _deny(scope, send, status, code, message, headers=headers)
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
+            return
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        body = error_body(kind, code, message)
+        for answer in error_answer("websocket.http.response", status, body, headers):
+            await send(answer)
 
     def _client_key(self, scope: Scope, principal: Any) -> Any:
         """Whose connection this is, for `max_connections_per_client`: the principal when an
@@ -293,26 +314,6 @@ class WebSocketModeMiddleware:
 
 
 _REFUSED = object()
-
-
-async def _deny(
-    scope: Scope,
-    send: Send,
-    status: int,
-    code: str,
-    message: str,
-    *,
-    headers: Sequence[tuple[bytes, bytes]] = (),
-) -> None:
-    """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
-    response extension; servers without it get a close before accept (they answer 403)."""
-    if "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
-        return
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = error_body(kind, code, message)
-    for answer in error_answer("websocket.http.response", status, body, headers):
-        await send(answer)
 
 
 def _say_how_dead_peers_are_found(limits: Limits) -> None:

@@ -24,8 +24,10 @@ __all__ = [
     "error_answer",
     "error_body",
     "error_event",
+    "not_found",
     "server_error",
     "steer_failed_event",
+    "store_unavailable",
 ]
 
 #: A lane's name: 1 to 256 characters of letters, digits, `_`, `.` and `-`.
@@ -96,6 +98,33 @@ def server_error(message: str, *, stream_id: str | None = None) -> dict[str, Any
 def encode_event(event: dict[str, Any]) -> str:
     """Encode a server event as the text of one frame."""
     return orjson.dumps(event).decode()
+
+
+def not_found(response_id: str, stream_id: str | None, why: str | None = None) -> dict[str, Any]:
+    """`previous_response_not_found`: the client's documented recovery is to resend the full
+    context with `previous_response_id` null."""
+    reason = f": {why}. Resend the full context" if why else ""
+    return error_event(
+        400,
+        "invalid_request_error",
+        "previous_response_not_found",
+        f"Previous response with id '{response_id}' not found{reason}.",
+        param="previous_response_id",
+        stream_id=stream_id,
+    )
+
+
+def store_unavailable(response_id: str, why: object, stream_id: str | None) -> dict[str, Any]:
+    """`store_unavailable`: the response is not cached and the store could not be asked."""
+    return error_event(
+        503,
+        "server_error",
+        "store_unavailable",
+        f"Previous response with id '{response_id}' is not cached on this connection and the "
+        f"response store could not be reached ({why}); retry, or resend the full context.",
+        param="previous_response_id",
+        stream_id=stream_id,
+    )
 
 
 def error_body(type: str, code: str, message: str, param: str | None = None) -> bytes:

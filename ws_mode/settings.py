@@ -11,6 +11,7 @@ from starlette.types import ASGIApp
 from .auth import Authenticator
 from .limits import Limits
 from .stats import Stats
+from .store import ResponseStore
 from .tokens import Renderer
 from .turn import Turn
 
@@ -39,4 +40,5 @@ class Settings:
     subprotocols: tuple[str, ...] = ()
     authenticate: Authenticator | None = None
     reauthenticate_seconds: float | None = None
+    store: ResponseStore | None = None
     stats: Stats = field(default_factory=Stats)

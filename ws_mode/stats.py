@@ -31,6 +31,10 @@ class Stats:
         self.cache_misses = 0
         self.bytes_received = 0
         self.bytes_saved = 0
+        #: Responses loaded from the store (`store=`) into a connection's cache, and writes.
+        self.store_hydrations = 0
+        self.store_writes = 0
+        self.store_failures = 0
         self.errors: Counter[str] = Counter()
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -79,6 +83,9 @@ class Stats:
             "cache_evictions": self.cache_evictions,
             "bytes_received": self.bytes_received,
             "bytes_saved": self.bytes_saved,
+            "store_hydrations": self.store_hydrations,
+            "store_writes": self.store_writes,
+            "store_failures": self.store_failures,
             "errors": dict(self.errors),
             "turn_latency": {"buckets": cumulative, "count": total, "sum": self.latency_sum},
         }

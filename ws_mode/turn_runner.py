@@ -25,7 +25,8 @@ from .cache import CachedResponse, ResponseCache
 from .client_events import CreateEvent
 from .events import ResponseStream, lifecycle_events
 from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
-from .protocol import encode_event, error_event, server_error
+from .persistence import StoreLink, StoreUnavailable
+from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
 from .turn import Turn, build_body, tools_digest
 
@@ -63,6 +64,8 @@ class TurnRunner:
         self.send_text = send_text
         self.send_error = send_error
         self.principal: Any = None
+        #: The store, when the middleware has one (`store=`), as this connection uses it.
+        self.store: StoreLink | None = None
         #: The responses streaming now.
         self.streams: set[ResponseStream] = set()
         self._headers = handler_headers(scope)
@@ -79,12 +82,26 @@ class TurnRunner:
             previous = self.cache.get(create.previous_response_id)
             if previous is not None:
                 self.stats.cache_hits += 1
-                self.stats.bytes_saved += previous.context_bytes
             else:
                 self.stats.cache_misses += 1
+                if self.store is not None:
+                    try:
+                        previous = await self.store.hydrate(
+                            create.previous_response_id, create.stream_id, self.cache
+                        )
+                    except StoreUnavailable as exc:
+                        await self.send_error(
+                            store_unavailable(create.previous_response_id, exc, create.stream_id)
+                        )
+                        return
+            if previous is not None:
+                self.stats.bytes_saved += previous.context_bytes
+            else:
                 if self.settings.on_cache_miss != "forward":
                     why = self.cache.why_missing(create.previous_response_id)
-                    await self.send_error(_not_found(create, why))
+                    await self.send_error(
+                        not_found(create.previous_response_id, create.stream_id, why)
+                    )
                     return
                 forwarded = True  # the handler resolves the id itself
         try:
@@ -112,6 +129,7 @@ class TurnRunner:
                 artifacts=current.artifacts,
                 input_fragment=new_fragment,
                 remote=forwarded,
+                storable=_storable(create),
             )
             self._remember(node, current, output)
             self._after_response(node, current, response)
@@ -250,6 +268,7 @@ class TurnRunner:
             stream_id=create.stream_id,
             tools_digest=current.tools_digest,
             input_fragment=new_fragment,
+            storable=_storable(create),
         )
         self._remember(node, current, [])
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
@@ -275,6 +294,9 @@ class TurnRunner:
                 lambda: prefix.extended(new_tokens, renderer(output) if output else ())
             )
         self.cache.put(node)
+        written = self.store.write(node) if self.store is not None else None
+        if written is not None:
+            self._keep(written)  # started now, before the terminal event goes out
 
     # Work after a response.
 
@@ -352,13 +374,7 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
     return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
 
 
-def _not_found(create: CreateEvent, why: str | None) -> dict[str, Any]:
-    reason = f": {why}. Resend the full context" if why else ""
-    return error_event(
-        400,
-        "invalid_request_error",
-        "previous_response_not_found",
-        f"Previous response with id '{create.previous_response_id}' not found{reason}.",
-        param="previous_response_id",
-        stream_id=create.stream_id,
-    )
+def _storable(create: CreateEvent) -> bool:
+    """Whether a response may be kept beyond the connection: the request's `store`, true by
+    default (the handler's own `store` says whether the handler kept it)."""
+    return create.fields.get("store") is not False

@@ -1,0 +1,120 @@
+"""Between a connection's cache and the store: hydrating a missing parent, writing a response.
+
+A `previous_response_id` missing from the connection's cache is looked up in the store (one
+round trip for the whole conversation); found and whole, its chain joins the cache and the turn
+proceeds as a cache hit. A finished response that may be stored is written without delaying
+its terminal event: the write starts before that event is sent and finishes in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+import orjson
+from starlette.types import Scope
+
+from .auth import bearer_token
+from .cache import CachedResponse, ResponseCache, decoded_size
+from .items import Items
+from .stats import Stats
+from .store import ResponseStore, StoredResponse, chain_of
+
+__all__ = ["StoreLink", "StoreUnavailable", "store_scope"]
+
+logger = logging.getLogger(__name__)
+
+#: The longest a hydration may take, whatever the store's own timeouts.
+HYDRATE_SECONDS = 5.0
+#: A miss is looked up once more after this long: a response finished on another worker a
+#: moment ago may still be on its way into the store.
+RACE_SECONDS = 0.05
+
+
+class StoreUnavailable(Exception):
+    """The store could not answer a hydration."""
+
+
+def store_scope(principal: Any, scope: Scope) -> str:
+    """Whose stored responses a connection sees: its principal (from `authenticate`, by its
+    `str`), or else a digest of the handshake's bearer token, or else everyone without one."""
+    if principal is not None:
+        return "principal:" + str(principal)
+    token = bearer_token(scope)
+    if token:
+        return "key:" + hashlib.sha256(token.encode()).hexdigest()
+    return "anonymous"
+
+
+class StoreLink:
+    """One connection's use of the store."""
+
+    def __init__(self, store: ResponseStore, stats: Stats, scope: str) -> None:
+        self.store = store
+        self.stats = stats
+        self.scope = scope
+
+    async def hydrate(
+        self, response_id: str, stream_id: str | None, cache: ResponseCache
+    ) -> CachedResponse | None:
+        """The stored conversation up to `response_id`, put in `cache`; None when it is not
+        stored whole for this scope. Raise `StoreUnavailable` when the store fails."""
+        try:
+            async with asyncio.timeout(HYDRATE_SECONDS):
+                records = await self.store.get_chain(self.scope, response_id)
+                if response_id not in records:
+                    await asyncio.sleep(RACE_SECONDS)
+                    records = await self.store.get_chain(self.scope, response_id)
+        except Exception as exc:
+            self.stats.store_failures += 1
+            logger.warning("the store failed to hydrate %s: %r", response_id, exc)
+            raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+        chain = chain_of(records, response_id)
+        if chain is None:
+            return None
+        node: CachedResponse | None = None
+        for record in chain:
+            node = CachedResponse(
+                id=record.id,
+                response=orjson.loads(record.response),
+                input_items=Items(fragment=record.input),
+                output_items=orjson.loads(b"[" + record.output + b"]"),
+                parent=node,
+                stream_id=stream_id,
+                tools_digest=record.tools_digest,
+                input_fragment=record.input,
+                size=decoded_size(record.response),
+                storable=True,
+            )
+        assert node is not None  # a chain holds at least the response asked for
+        cache.put(node)
+        self.stats.store_hydrations += 1
+        return node
+
+    def write(self, node: CachedResponse) -> asyncio.Task[None] | None:
+        """Start writing `node` when it may be stored; the task, to be tracked by the caller."""
+        if not node.storable or node.remote:
+            return None
+        parent = node.parent
+        record = StoredResponse(
+            id=node.id,
+            parent_id=parent.id if parent is not None else None,
+            chain_id=node.chain_id,
+            input=node.input_fragment,
+            output=node.output_fragment,
+            response=orjson.dumps(node.response),
+            tools_digest=node.tools_digest,
+        )
+        return asyncio.create_task(self._put(record))
+
+    async def _put(self, record: StoredResponse) -> None:
+        try:
+            async with asyncio.timeout(HYDRATE_SECONDS):
+                await self.store.put(self.scope, record)
+        except Exception as exc:
+            self.stats.store_failures += 1
+            logger.warning("the store failed to keep %s: %r", record.id, exc)
+            return
+        self.stats.store_writes += 1

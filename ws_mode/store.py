@@ -1,0 +1,195 @@
+"""Responses that outlive the socket: the store interface, its records, and the in-process store.
+
+A store keeps finished responses created with `store: true` (the default when `store` is
+omitted), so a `previous_response_id` missing from a connection's cache (after a reconnect, on
+another worker) can be hydrated. Records are scoped by principal and grouped by conversation
+(`chain_id`, the id of its first response), so a whole chain comes back in one round trip.
+A response is written only when it and every response before it allowed storing: nothing of a
+conversation that used `store: false` is ever persisted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+__all__ = ["DEFAULT_TTL_SECONDS", "MemoryStore", "ResponseStore", "StoredResponse", "chain_of"]
+
+#: How long a stored response lives: 30 days, as OpenAI keeps stored responses.
+DEFAULT_TTL_SECONDS = 30 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """What a store keeps of one response: enough to continue from it on any worker.
+
+    `input` and `output` are the items encoded as a JSON array's contents, `response` the
+    terminal response object encoded; `parent_id` the response it continued, `chain_id` the
+    first response of its conversation.
+    """
+
+    id: str
+    parent_id: str | None
+    chain_id: str
+    input: bytes
+    output: bytes
+    response: bytes
+    tools_digest: bytes | None = None
+
+    def encode(self) -> bytes:
+        """The record as bytes, for stores that keep bytes."""
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "parent_id": self.parent_id,
+                "chain_id": self.chain_id,
+                "input": self.input.decode(),
+                "output": self.output.decode(),
+                "response": self.response.decode(),
+                "tools_digest": self.tools_digest.hex() if self.tools_digest else None,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> StoredResponse:
+        """A record from `encode`'s bytes."""
+        fields: dict[str, Any] = orjson.loads(data)
+        digest = fields.get("tools_digest")
+        return cls(
+            id=fields["id"],
+            parent_id=fields["parent_id"],
+            chain_id=fields["chain_id"],
+            input=fields["input"].encode(),
+            output=fields["output"].encode(),
+            response=fields["response"].encode(),
+            tools_digest=bytes.fromhex(digest) if digest else None,
+        )
+
+    @property
+    def size(self) -> int:
+        """What the record holds, in bytes."""
+        return len(self.input) + len(self.output) + len(self.response) + 256
+
+
+class ResponseStore(Protocol):
+    """Where responses are kept across connections, workers and hosts.
+
+    Every call is scoped by `principal` (whose responses they are): a record of another
+    principal is never returned, and reads as not found. Implementations bound every call by
+    a timeout and raise on failure; the middleware turns failures into error events.
+    """
+
+    async def put(self, principal: str, record: StoredResponse) -> None:
+        """Keep `record` (its time to live starts again)."""
+
+    async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
+        """The records of the conversation `response_id` belongs to, by id (empty when it is
+        not stored), in one round trip."""
+        ...
+
+    async def delete(self, principal: str, response_id: str) -> bool:
+        """Forget one response; whether it was stored."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+def chain_of(records: dict[str, StoredResponse], response_id: str) -> list[StoredResponse] | None:
+    """The records from the conversation's first response down to `response_id`, or None when
+    one of them is missing (deleted, expired, or never stored)."""
+    chain: list[StoredResponse] = []
+    current: str | None = response_id
+    while current is not None:
+        record = records.get(current)
+        if record is None or len(chain) > len(records):
+            return None
+        chain.append(record)
+        current = record.parent_id
+    chain.reverse()
+    return chain
+
+
+class MemoryStore:
+    """A store in this process: for one worker, or tests. Bounded by record count and bytes
+    (least recently written out first) and by a time to live."""
+
+    def __init__(
+        self,
+        *,
+        max_records: int = 100_000,
+        max_bytes: int = 1 << 30,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    ) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.ttl_seconds = ttl_seconds
+        # (principal, id) -> (record, expires at); chains: (principal, chain id) -> ids
+        self._records: OrderedDict[tuple[str, str], tuple[StoredResponse, float]] = OrderedDict()
+        self._chains: dict[tuple[str, str], set[str]] = {}
+        self._bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of the records kept."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    async def put(self, principal: str, record: StoredResponse) -> None:
+        """Keep `record`."""
+        key = (principal, record.id)
+        self._forget(key)
+        self._records[key] = (record, time.monotonic() + self.ttl_seconds)
+        self._chains.setdefault((principal, record.chain_id), set()).add(record.id)
+        self._bytes += record.size
+        while self._records and (
+            len(self._records) > self.max_records or self._bytes > self.max_bytes
+        ):
+            self._forget(next(iter(self._records)))
+
+    async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
+        """The records of the conversation `response_id` belongs to."""
+        found = self._live((principal, response_id))
+        if found is None:
+            return {}
+        chain: dict[str, StoredResponse] = {}
+        for member in list(self._chains.get((principal, found.chain_id), ())):
+            record = self._live((principal, member))
+            if record is not None:
+                chain[member] = record
+        return chain
+
+    async def delete(self, principal: str, response_id: str) -> bool:
+        """Forget one response."""
+        return self._forget((principal, response_id))
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    def _live(self, key: tuple[str, str]) -> StoredResponse | None:
+        entry = self._records.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= time.monotonic():
+            self._forget(key)
+            return None
+        return entry[0]
+
+    def _forget(self, key: tuple[str, str]) -> bool:
+        entry = self._records.pop(key, None)
+        if entry is None:
+            return False
+        record = entry[0]
+        self._bytes -= record.size
+        members = self._chains.get((key[0], record.chain_id))
+        if members is not None:
+            members.discard(record.id)
+            if not members:
+                del self._chains[(key[0], record.chain_id)]
+        return True
