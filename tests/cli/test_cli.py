@@ -150,3 +150,48 @@ def test_serve_answers_a_socket_and_plain_http(tmp_path: Path) -> None:
             process.wait(10)
         if process.stdout is not None:
             process.stdout.close()
+
+
+@pytest.mark.parametrize("store", [None, "memory"])
+def test_serve_with_a_store_continues_a_response_on_a_new_socket(
+    tmp_path: Path, store: str | None
+) -> None:
+    flags = ["--store", store] if store else []
+    command = [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", *flags]
+    process = subprocess.Popen(
+        [*command, "--log-level", "warning"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = _first_line(process, "ws-mode serve:", timeout=20)
+        found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", line)
+        assert found, line
+        origin = f"http://127.0.0.1:{found.group(1)}"
+        with connect(origin) as first:
+            first.send({"type": "response.create", "model": "m", "input": "hi"})
+            response = first.receive_turn(timeout=10)[-1]["response"]
+        call = response["output"][0]
+        answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+        with connect(origin) as second:  # a new connection: an empty cache
+            second.send(
+                {"type": "response.create", "model": "m", "input": [answer],
+                 "previous_response_id": response["id"]}
+            )  # fmt: skip
+            event = second.receive_turn(timeout=10)[-1]
+        if store:
+            assert event["type"] == "response.completed", event
+        else:
+            assert event["error"]["code"] == "previous_response_not_found"
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--store", "sqlite:///x"]) == 2
+    assert "expected memory or a redis:// URL" in capsys.readouterr().err

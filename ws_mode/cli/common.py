@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..limits import Limits
+from ..store import MemoryStore, ResponseStore
 from ..tools.args import port
 from ..tools.loopback import ws_max_size
 
@@ -52,6 +53,30 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level"
     )
+    parser.add_argument(
+        "--store",
+        type=store_from_argument,
+        default=None,
+        metavar="memory|redis://HOST:PORT/DB",
+        help="keep responses created with store: true beyond the socket, so a client can "
+        "continue them after a reconnect or on another worker: in this process (memory) or "
+        "in Redis (needs the redis extra) (default: none)",
+    )
+
+
+def store_from_argument(text: str) -> ResponseStore:
+    """The store a ``--store`` value names."""
+    if text == "memory":
+        return MemoryStore()
+    if text.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            from ..redis_store import RedisStore
+        except ImportError as exc:
+            raise argparse.ArgumentTypeError(
+                'a Redis store needs the redis extra: pip install "ws-mode[redis]"'
+            ) from exc
+        return RedisStore(text)
+    raise argparse.ArgumentTypeError(f"expected memory or a redis:// URL, got {text!r}")
 
 
 def url_host(host: str) -> str:

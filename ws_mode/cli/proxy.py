@@ -93,6 +93,7 @@ def _proxy(args: argparse.Namespace) -> int:
         full_context=args.full_context,
         on_cache_miss="forward" if args.forward_uncached else "error",
         limits=limits,
+        store=args.store,
     )
     auth = "the configured key" if api_key else "the client's Authorization"
 

@@ -6,6 +6,7 @@ import argparse
 
 from ..limits import Limits
 from ..middleware import FullContext, WebSocketModeMiddleware
+from ..store import ResponseStore
 from ..tools.args import number
 from .common import API_PATH, PROG, add_server_arguments, run_server
 
@@ -56,6 +57,7 @@ def build_app(
     tokens_per_second: float = 0.0,
     full_context: FullContext = "always",
     limits: Limits | None = None,
+    store: ResponseStore | None = None,
 ) -> WebSocketModeMiddleware:
     """The reference Responses server wrapped by the middleware, as ``ws-mode serve`` runs it.
 
@@ -66,7 +68,7 @@ def build_app(
     reference = create_app(
         ReferenceConfig(tool_calls=tool_calls, tokens_per_second=tokens_per_second)
     )
-    return WebSocketModeMiddleware(reference, full_context=full_context, limits=limits)
+    return WebSocketModeMiddleware(reference, full_context=full_context, limits=limits, store=store)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -76,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
         tokens_per_second=args.tokens_per_second,
         full_context=args.full_context,
         limits=limits,
+        store=args.store,
     )
     full_context = args.full_context
 

@@ -1,0 +1,201 @@
+"""A response store in Redis: stored responses shared by every worker and host.
+
+`RedisStore` implements `ws_mode.store.ResponseStore` with `redis.asyncio` (install the
+`redis` extra: `pip install ws-mode[redis]`). Keys are scoped by a digest of the principal,
+never the principal itself::
+
+    {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
+    {prefix}:{<principal digest>}:c:<chain id>     ->  a hash: response id -> record bytes
+
+The digest is a Redis Cluster hash tag, so one principal's keys share a slot: the scripts
+find a chain's hash from an index key, so they cannot declare it in KEYS, but on a cluster
+it is always on the node that runs them. Each call is one round trip: `put` is a MULTI/EXEC
+transaction, `get_chain` and `delete` are Lua scripts (EVALSHA).
+Both kinds of key expire `ttl_seconds` after they were last written; a chain's hash is
+written by every `put` to it, so an active conversation stays whole.
+
+Every call is bounded by `timeout` seconds (socket connect and read timeouts, and a deadline
+over the whole call, retries included); a stopped or stalled Redis raises a `redis`
+exception or `TimeoutError` instead of hanging, which the middleware turns into an error
+event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .store import DEFAULT_TTL_SECONDS, StoredResponse
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
+
+__all__ = ["RedisStore"]
+
+T = TypeVar("T")
+
+#: KEYS[1]: the response's index key; ARGV[1]: the chain hashes' key prefix. The chain's
+#: hash as a flat field, value list, or an empty list when the response is not stored.
+_GET_CHAIN = """
+local chain = redis.call('GET', KEYS[1])
+if not chain then return {} end
+return redis.call('HGETALL', ARGV[1] .. chain)
+"""
+
+#: KEYS[1]: the response's index key; ARGV[1]: the chain hashes' key prefix; ARGV[2]: the
+#: response id. 1 when the response was stored, else 0.
+_DELETE = """
+local chain = redis.call('GET', KEYS[1])
+if not chain then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', ARGV[1] .. chain, ARGV[2])
+return 1
+"""
+
+
+def principal_digest(principal: str) -> str:
+    """What stands for `principal` in key names: the first 32 hex digits of its SHA-256."""
+    return hashlib.sha256(principal.encode()).hexdigest()[:32]
+
+
+class RedisStore:
+    """Stored responses in Redis, scoped by principal, with a time to live.
+
+    `url` is a redis-py URL (`redis://`, `rediss://`, `unix://`; a password or a database
+    number goes in it). Connections come from a pool of at most `max_connections`; a call
+    that finds them all busy waits for one up to `timeout`. A connection found broken (Redis
+    restarted) is replaced and the command sent once more, at once; nothing is retried
+    beyond that, and every call, retries included, ends within `timeout` seconds.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "ws_mode",
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        timeout: float = 1.0,
+        max_connections: int = 64,
+    ) -> None:
+        try:
+            from redis.asyncio import BlockingConnectionPool, Redis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+            from redis.exceptions import ConnectionError
+        except ImportError as error:  # pragma: no cover - the extra is not installed
+            raise ImportError("RedisStore needs redis-py: pip install 'ws-mode[redis]'") from error
+
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # Once, at once, and only when the connection broke: a timed out command may
+            # still run, and a down Redis should fail now rather than after backoffs.
+            retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+            retry_on_error=[ConnectionError],  # redis-py 5 retries only the errors listed here
+        )
+        self._setup(
+            Redis.from_pool(pool),
+            owned=True,
+            prefix=prefix,
+            ttl_seconds=ttl_seconds,
+            timeout=timeout,
+        )
+
+    @classmethod
+    def from_client(
+        cls,
+        client: Redis,
+        *,
+        prefix: str = "ws_mode",
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        timeout: float = 1.0,
+    ) -> RedisStore:
+        """A store on a client the caller configured (TLS, Sentinel, a shared pool...).
+
+        The client must not decode responses. The caller keeps owning it: `aclose` leaves it
+        open. Its socket timeouts are its own; each call is still bounded by `timeout`.
+        """
+        store = cls.__new__(cls)
+        store._setup(client, owned=False, prefix=prefix, ttl_seconds=ttl_seconds, timeout=timeout)
+        return store
+
+    def _setup(
+        self, client: Redis, *, owned: bool, prefix: str, ttl_seconds: float, timeout: float
+    ) -> None:
+        if ttl_seconds <= 0 or timeout <= 0:
+            raise ValueError("ttl_seconds and timeout must be positive")
+        self.client = client
+        self.prefix = prefix
+        self.ttl_seconds = ttl_seconds
+        self.timeout = timeout
+        self._owned = owned
+        # Redis expiries are whole milliseconds, at least one.
+        self._ttl_ms = max(1, round(ttl_seconds * 1000))
+        self._get_chain: AsyncScript = client.register_script(_GET_CHAIN)
+        self._delete: AsyncScript = client.register_script(_DELETE)
+
+    def index_key(self, principal: str, response_id: str) -> str:
+        """The key naming the chain of `principal`'s response `response_id`."""
+        return f"{self._scope(principal)}r:{response_id}"
+
+    def chain_key(self, principal: str, chain_id: str) -> str:
+        """The key of the hash holding `principal`'s records of the chain `chain_id`."""
+        return f"{self._scope(principal)}c:{chain_id}"
+
+    def _scope(self, principal: str) -> str:
+        return f"{self.prefix}:{{{principal_digest(principal)}}}:"
+
+    async def put(self, principal: str, record: StoredResponse) -> None:
+        """Keep `record`: its index key and its chain's hash live `ttl_seconds` from now."""
+        chain_key = self.chain_key(principal, record.chain_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self.index_key(principal, record.id), record.chain_id, px=self._ttl_ms)
+            pipe.hset(chain_key, record.id, record.encode())
+            pipe.pexpire(chain_key, self._ttl_ms)
+            await self._bounded(pipe.execute())
+
+    async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
+        """The records of the conversation `response_id` belongs to, by id (empty when it is
+        not stored), in one round trip."""
+        reply = await self._bounded(
+            self._get_chain(
+                keys=[self.index_key(principal, response_id)],
+                args=[self.chain_key(principal, "")],
+            )
+        )
+        fields: list[bytes] = list(reply or ())
+        chain: dict[str, StoredResponse] = {}
+        for name, value in zip(fields[::2], fields[1::2], strict=True):
+            chain[name.decode()] = StoredResponse.decode(value)
+        # The index outlived its record (written by hand, or a partial failure): not stored.
+        return chain if response_id in chain else {}
+
+    async def delete(self, principal: str, response_id: str) -> bool:
+        """Forget one response (the rest of its chain stays); whether it was stored."""
+        removed = await self._bounded(
+            self._delete(
+                keys=[self.index_key(principal, response_id)],
+                args=[self.chain_key(principal, ""), response_id],
+            )
+        )
+        return bool(removed)
+
+    async def aclose(self) -> None:
+        """Close the client and its pool (a client given to `from_client` is left open)."""
+        if self._owned:
+            await self.client.aclose()
+
+    async def _bounded(self, call: Awaitable[T]) -> T:
+        async with asyncio.timeout(self.timeout):
+            return await call
+
+    def __repr__(self) -> str:
+        kwargs: dict[str, Any] = self.client.connection_pool.connection_kwargs
+        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        return f"RedisStore({where}, prefix={self.prefix!r}, ttl_seconds={self.ttl_seconds})"
