@@ -15,8 +15,9 @@ from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
 from .origins import OriginPolicy
-from .protocol import error_answer, error_body
+from .protocol import error_body, json_answer
 from .settings import CacheMiss, FullContext, ResponseHook, Settings
+from .stateful_http import StatefulHTTP
 from .store import ResponseStore
 from .tokens import Renderer
 
@@ -61,6 +62,8 @@ class WebSocketModeMiddleware:
     responses created with `store: true` beyond the connection (`ws_mode.store.MemoryStore` in
     this process, `ws_mode.redis_store.RedisStore` across workers and hosts): a
     `previous_response_id` missing from the connection's cache is hydrated from it.
+    `stateful_http=True` serves plain HTTP from the same store: `previous_response_id` on
+    `POST`, and `GET`/`DELETE {path}/{id}`.
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
     HTTP.
     """
@@ -81,6 +84,7 @@ class WebSocketModeMiddleware:
         allowed_origins: Sequence[str] = (),
         reauthenticate_seconds: float | None = None,
         store: ResponseStore | None = None,
+        stateful_http: bool = False,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -114,6 +118,8 @@ class WebSocketModeMiddleware:
                 f"store must be a response store (ws_mode.store.MemoryStore, "
                 f"ws_mode.redis_store.RedisStore), got {store!r}."
             )
+        if stateful_http and store is None:
+            raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
@@ -143,6 +149,9 @@ class WebSocketModeMiddleware:
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)
+        self._stateful = (
+            StatefulHTTP(self.settings, store) if stateful_http and store is not None else None
+        )
         #: Switch WebSocket mode off (upgrades answered 426) or on again, at run time.
         self.enabled = enabled
         self.connections = 0
@@ -168,6 +177,10 @@ class WebSocketModeMiddleware:
             await self.app(scope, self._lifespan_receive(receive), send)
             return
         if scope["type"] != "websocket" or not self._is_socket_path(scope):
+            stateful = self._stateful
+            if scope["type"] == "http" and stateful is not None and stateful.handles(scope):
+                await stateful(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         message = await receive()
@@ -262,7 +275,7 @@ class WebSocketModeMiddleware:
             return
         kind = "server_error" if status >= 500 else "invalid_request_error"
         body = error_body(kind, code, message)
-        for answer in error_answer("websocket.http.response", status, body, headers):
+        for answer in json_answer("websocket.http.response", status, body, headers):
             await send(answer)
 
     def _client_key(self, scope: Scope, principal: Any) -> Any:

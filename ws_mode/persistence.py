@@ -22,7 +22,7 @@ from .items import Items
 from .stats import Stats
 from .store import ResponseStore, StoredResponse, chain_of
 
-__all__ = ["StoreLink", "StoreUnavailable", "store_scope"]
+__all__ = ["StoreLink", "StoreUnavailable", "keep", "load_chain", "store_scope"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,37 @@ def store_scope(principal: Any, scope: Scope) -> str:
     return "anonymous"
 
 
+async def load_chain(
+    store: ResponseStore, stats: Stats, owner: str, response_id: str
+) -> list[StoredResponse] | None:
+    """The stored conversation from its first response down to `response_id`, in one lookup
+    (and one more a moment later on a miss); None when it is not stored whole for `owner`.
+    Raise `StoreUnavailable` when the store fails or takes too long."""
+    try:
+        async with asyncio.timeout(HYDRATE_SECONDS):
+            records = await store.get_chain(owner, response_id)
+            if response_id not in records:
+                await asyncio.sleep(RACE_SECONDS)
+                records = await store.get_chain(owner, response_id)
+    except Exception as exc:
+        stats.store_failures += 1
+        logger.warning("the store failed to hydrate %s: %r", response_id, exc)
+        raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+    return chain_of(records, response_id)
+
+
+async def keep(store: ResponseStore, stats: Stats, owner: str, record: StoredResponse) -> None:
+    """Write `record`; a failure is logged and counted, never raised."""
+    try:
+        async with asyncio.timeout(HYDRATE_SECONDS):
+            await store.put(owner, record)
+    except Exception as exc:
+        stats.store_failures += 1
+        logger.warning("the store failed to keep %s: %r", record.id, exc)
+        return
+    stats.store_writes += 1
+
+
 class StoreLink:
     """One connection's use of the store."""
 
@@ -61,17 +92,7 @@ class StoreLink:
     ) -> CachedResponse | None:
         """The stored conversation up to `response_id`, put in `cache`; None when it is not
         stored whole for this scope. Raise `StoreUnavailable` when the store fails."""
-        try:
-            async with asyncio.timeout(HYDRATE_SECONDS):
-                records = await self.store.get_chain(self.scope, response_id)
-                if response_id not in records:
-                    await asyncio.sleep(RACE_SECONDS)
-                    records = await self.store.get_chain(self.scope, response_id)
-        except Exception as exc:
-            self.stats.store_failures += 1
-            logger.warning("the store failed to hydrate %s: %r", response_id, exc)
-            raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
-        chain = chain_of(records, response_id)
+        chain = await load_chain(self.store, self.stats, self.scope, response_id)
         if chain is None:
             return None
         node: CachedResponse | None = None
@@ -107,14 +128,4 @@ class StoreLink:
             response=orjson.dumps(node.response),
             tools_digest=node.tools_digest,
         )
-        return asyncio.create_task(self._put(record))
-
-    async def _put(self, record: StoredResponse) -> None:
-        try:
-            async with asyncio.timeout(HYDRATE_SECONDS):
-                await self.store.put(self.scope, record)
-        except Exception as exc:
-            self.stats.store_failures += 1
-            logger.warning("the store failed to keep %s: %r", record.id, exc)
-            return
-        self.stats.store_writes += 1
+        return asyncio.create_task(keep(self.store, self.stats, self.scope, record))

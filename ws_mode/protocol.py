@@ -21,9 +21,9 @@ __all__ = [
     "TERMINAL_EVENTS",
     "TERMINAL_EVENT_BY_STATUS",
     "encode_event",
-    "error_answer",
     "error_body",
     "error_event",
+    "json_answer",
     "not_found",
     "server_error",
     "steer_failed_event",
@@ -132,14 +132,15 @@ def error_body(type: str, code: str, message: str, param: str | None = None) -> 
     return orjson.dumps({"error": {"type": type, "code": code, "message": message, "param": param}})
 
 
-def error_answer(
+def json_answer(
     kind: str,
     status: int,
     body: bytes,
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> list[dict[str, Any]]:
-    """An HTTP error answer as the two ASGI messages that send it: `kind` is `http.response`
-    for a request, `websocket.http.response` for a refused upgrade."""
+    """A JSON answer (an error body, a response object) as the two ASGI messages that send
+    it: `kind` is `http.response` for a request, `websocket.http.response` for a refused
+    upgrade."""
     start = {
         "type": f"{kind}.start",
         "status": status,

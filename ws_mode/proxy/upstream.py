@@ -14,7 +14,7 @@ from starlette.types import Scope, Send
 
 from ws_mode.errors import ConfigError
 from ws_mode.headers import end_to_end
-from ws_mode.protocol import error_answer, error_body
+from ws_mode.protocol import error_body, json_answer
 from ws_mode.sse import encode_sse
 
 __all__ = [
@@ -132,7 +132,7 @@ class UpstreamFailure:
         """Answer the client's HTTP request with the failure and an OpenAI error body."""
         body = error_body("server_error", self.code, self.message)
         with contextlib.suppress(Exception):  # the client may have gone meanwhile
-            for message in error_answer("http.response", self.status, body):
+            for message in json_answer("http.response", self.status, body):
                 await send(message)
 
 
