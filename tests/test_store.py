@@ -239,6 +239,7 @@ def test_a_store_that_fails_gives_clear_errors_and_the_socket_goes_on(
     monkeypatch: pytest.MonkeyPatch, hang: bool
 ) -> None:
     monkeypatch.setattr(persistence_module, "HYDRATE_SECONDS", 0.3)
+    monkeypatch.setattr(persistence_module, "WRITE_SECONDS", 0.3)
     store = FailingStore(hang=hang)
     with Workers(store) as running:
         with running.socket(0) as a:

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 #: The longest a hydration may take, whatever the store's own timeouts.
 HYDRATE_SECONDS = 5.0
+#: The longest a write may take (off every client's path).
+WRITE_SECONDS = 15.0
 #: A miss is looked up once more after this long: a response finished on another worker a
 #: moment ago may still be on its way into the store.
 RACE_SECONDS = 0.05
@@ -70,7 +72,7 @@ async def load_chain(
 async def keep(store: ResponseStore, stats: Stats, owner: str, record: StoredResponse) -> None:
     """Write `record`; a failure is logged and counted, never raised."""
     try:
-        async with asyncio.timeout(HYDRATE_SECONDS):
+        async with asyncio.timeout(WRITE_SECONDS):
             await store.put(owner, record)
     except Exception as exc:
         stats.store_failures += 1

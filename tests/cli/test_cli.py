@@ -1,22 +1,33 @@
-"""The ``ws-mode`` command: --version, the demo's table, and ``serve`` in a real subprocess."""
+"""The ``ws-mode`` command: --version, the demo's table, and ``serve`` in a real subprocess
+(with ``--workers`` on a real redis-server)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis
 
 import ws_mode
 from ws_mode.cli import main
+from ws_mode.cli.serve import ENVIRONMENT, ServeSettings, app_from_environment
+from ws_mode.store import MemoryStore
 from ws_mode.tools import rollout
 from ws_mode.tools.clients import connect
+
+from ..redis_server import RedisServer
 
 NUMBER = r"[\d.]+"
 SIZE = rf"{NUMBER} (?:B|KiB|MiB)"
@@ -195,3 +206,135 @@ def test_serve_with_a_store_continues_a_response_on_a_new_socket(
 def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--store", "sqlite:///x"]) == 2
     assert "expected memory or a redis:// URL" in capsys.readouterr().err
+
+
+# --- serve --workers ---------------------------------------------------------------------------
+
+
+def test_workers_need_a_redis_store(capsys: pytest.CaptureFixture[str]) -> None:
+    for flags in ([], ["--store", "memory"]):
+        assert main(["serve", "--workers", "2", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: ws-mode serve")
+        assert "--workers 2 needs --store redis://" in err
+        assert "per process" in err
+    assert main(["serve", "--workers", "0"]) == 2
+    assert "--workers: must be >= 1" in capsys.readouterr().err
+
+
+def test_the_workers_settings_go_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = ServeSettings(
+        tool_calls=5, tokens_per_second=250.5, full_context="on_miss",
+        max_connection_seconds=12.5, store="memory",
+    )  # fmt: skip
+    variables = settings.environment()
+    assert set(variables) == set(ENVIRONMENT.values())
+    assert ServeSettings.from_environment(variables) == settings
+    assert ServeSettings.from_environment({}) == ServeSettings()  # unset: the defaults
+    for name, value in [
+        ("WS_MODE_SERVE_TOOL_CALLS", "-1"),
+        ("WS_MODE_SERVE_FULL_CONTEXT", "sometimes"),
+        ("WS_MODE_SERVE_STORE", "sqlite:///x"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            ServeSettings.from_environment({**variables, name: value})
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    app = app_from_environment()
+    assert isinstance(app.settings.store, MemoryStore)
+    assert app.settings.full_context == "on_miss"
+    assert app.settings.limits.max_connection_seconds == 12.5
+
+
+def _workers_of(pid: int, count: int, timeout: float = 20.0) -> list[int]:
+    """The pids of the uvicorn worker processes (multiprocessing spawn children) of `pid`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        workers = [
+            int(child)
+            for child in children
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+        ]
+        if len(workers) == count:
+            return workers
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not start {count} workers")
+
+
+@contextlib.contextmanager
+def _only(worker: int, workers: list[int]) -> Iterator[None]:
+    """Every worker but `worker` stopped (SIGSTOP): a new connection lands on `worker`."""
+    others = [pid for pid in workers if pid != worker]
+    for pid in others:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in others:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_serve_workers_share_a_redis_store(tmp_path: Path) -> None:
+    with RedisServer() as redis_server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", "--workers", "2",
+             "--store", redis_server.url, "--tool-calls", "3", "--log-level", "warning"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        keys = redis.Redis.from_url(redis_server.url)
+        try:
+            line = _first_line(process, "ws-mode serve:", timeout=20)
+            assert "2 workers" in line
+            found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", line)
+            assert found, line
+            origin = f"http://127.0.0.1:{found.group(1)}"
+            workers = _workers_of(process.pid, 2)
+            history: list[dict[str, Any]] = [{"role": "user", "content": "Plan it."}]
+            new_input = list(history)
+            previous: str | None = None
+            # Each turn on a new socket, alternately on each worker: only the new items.
+            for turn in range(4):
+                with _only(workers[turn % 2], workers), connect(origin) as socket:
+                    socket.send(
+                        {"type": "response.create", "model": "m", "input": new_input,
+                         "previous_response_id": previous}
+                    )  # fmt: skip
+                    event = socket.receive_turn(timeout=20)[-1]
+                assert event["type"] == "response.completed", event
+                response = event["response"]
+                direct = httpx.post(
+                    origin + "/v1/responses", json={"model": "m", "input": history}, timeout=20
+                ).json()
+                assert response["output"] == direct["output"]  # the whole history's answer
+                history += response["output"]
+                previous = response["id"]
+                call = response["output"][0]
+                if call["type"] != "function_call":
+                    break
+                new_input = [
+                    {"type": "function_call_output", "call_id": call["call_id"],
+                     "output": f"step {turn}"}
+                ]  # fmt: skip
+                history += new_input
+                # Written in the background after the terminal event: in Redis before the
+                # worker that wrote it is stopped.
+                deadline = time.monotonic() + 10
+                while not keys.keys(f"*:r:{previous}"):
+                    assert time.monotonic() < deadline, "the response never reached Redis"
+                    time.sleep(0.01)
+            assert history[-1]["type"] == "message"
+            assert "answered after 3 tool" in history[-1]["content"][0]["text"]
+        finally:
+            keys.close()
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            if process.stdout is not None:
+                process.stdout.close()
+        assert process.returncode == 0

@@ -3,12 +3,14 @@
 :class:`CommandError` is the one-line failure a command exits 1 for; :func:`run_server` runs
 uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
 :func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
-bound.
+bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -29,6 +31,9 @@ __all__ = [
     "CommandError",
     "add_server_arguments",
     "run_server",
+    "run_workers",
+    "store_argument",
+    "store_from_argument",
     "url_host",
 ]
 
@@ -41,9 +46,12 @@ class CommandError(Exception):
     """A failure the command reports in one line and exits non-zero for."""
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_server_arguments(
+    parser: argparse.ArgumentParser, *, store_type: Callable[[str], Any] | None = None
+) -> None:
     """The flags of a command that serves in the foreground: ``--host``, ``--port``,
-    ``--log-level``."""
+    ``--log-level``, ``--store``. ``--store`` gives a store (:func:`store_from_argument`),
+    or what ``store_type`` makes of its text (:func:`store_argument` keeps the text)."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
@@ -55,7 +63,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--store",
-        type=store_from_argument,
+        type=store_type or store_from_argument,
         default=None,
         metavar="memory|redis://HOST:PORT/DB",
         help="keep responses created with store: true beyond the socket, so a client can "
@@ -64,19 +72,32 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def store_from_argument(text: str) -> ResponseStore:
-    """The store a ``--store`` value names."""
+def store_argument(text: str) -> str:
+    """A ``--store`` value checked (``memory``, or a Redis URL with redis-py installed), as
+    given: for a store to be built later, or elsewhere (each worker process)."""
     if text == "memory":
-        return MemoryStore()
-    if text.startswith(("redis://", "rediss://", "unix://")):
-        try:
-            from ..redis_store import RedisStore
-        except ImportError as exc:
+        return text
+    if is_redis_url(text):
+        if importlib.util.find_spec("redis") is None:
             raise argparse.ArgumentTypeError(
                 'a Redis store needs the redis extra: pip install "ws-mode[redis]"'
-            ) from exc
-        return RedisStore(text)
+            )
+        return text
     raise argparse.ArgumentTypeError(f"expected memory or a redis:// URL, got {text!r}")
+
+
+def is_redis_url(text: str) -> bool:
+    """Whether a ``--store`` value names a Redis store (shared by processes and hosts)."""
+    return text.startswith(("redis://", "rediss://", "unix://"))
+
+
+def store_from_argument(text: str) -> ResponseStore:
+    """The store a ``--store`` value names."""
+    if store_argument(text) == "memory":
+        return MemoryStore()
+    from ..redis_store import RedisStore
+
+    return RedisStore(text)
 
 
 def url_host(host: str) -> str:
@@ -123,6 +144,52 @@ def run_server(
             raise CommandError(f"the {what} could not start on {host}:{port}") from None
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it shut down for
+
+
+def run_workers(
+    target: str,
+    args: argparse.Namespace,
+    limits: Limits,
+    banner: Callable[[str], str],
+    what: str,
+    **config: Any,
+) -> None:
+    """Run ``args.workers`` uvicorn worker processes serving the app factory ``target``
+    (``"module:function"``, called in each worker) on one socket bound here at
+    ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
+    process's environment, and uvicorn restarts one that dies. ``config`` goes to
+    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start.
+
+    The workers are uvicorn's own servers: on shutdown their sockets close at once (1012)
+    instead of draining first as with :func:`run_server`.
+    """
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    host = url_host(args.host)
+    settings = uvicorn.Config(
+        target,
+        factory=True,
+        workers=args.workers,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ws_max_size=ws_max_size(limits),
+        **config,
+    )
+    try:
+        listener = settings.bind_socket()
+    except SystemExit:  # uvicorn exits when it cannot bind
+        raise CommandError(f"the {what} could not start on {host}:{args.port}") from None
+    with listener:
+        listener.listen(settings.backlog)  # connections wait for the workers, never refused
+        print(banner(f"{host}:{listener.getsockname()[1]}"), flush=True)
+        supervisor = Multiprocess(settings, sockets=[listener])
+        with contextlib.suppress(KeyboardInterrupt):
+            supervisor.run()
+    if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
+        raise CommandError(f"the {what}'s workers could not start on {host}:{args.port}")
 
 
 def _bound_port(server: uvicorn.Server, default: int) -> int:
