@@ -10,7 +10,10 @@ Not part of the core library: tools around it, needing the ``cli`` extra. The mo
 - :mod:`~ws_mode.bench.forward`: the event-forwarding microbenchmark;
 - :mod:`~ws_mode.bench.load` (``python -m ws_mode.bench.load``), with
   :mod:`~ws_mode.bench.load_options`, :mod:`~ws_mode.bench.load_clients` and
-  :mod:`~ws_mode.bench.load_server`: hundreds of sockets at once, under a memory bound.
+  :mod:`~ws_mode.bench.load_server`: hundreds of sockets at once, under a memory bound;
+- :mod:`~ws_mode.bench.store` (``python -m ws_mode.bench.store --redis URL``), with
+  :mod:`~ws_mode.bench.store_report` and :mod:`~ws_mode.bench.store_server`: what the Redis
+  store costs per turn, per hydration and under 200 sockets.
 
 This package imports none of them, so ``python -m`` runs each without importing it twice.
 """
