@@ -182,9 +182,7 @@ async def commands_run(raw: aioredis.Redis) -> dict[str, int]:
     }
 
 
-async def test_each_call_is_one_script_call(
-    store: RedisStore, raw: aioredis.Redis
-) -> None:
+async def test_each_call_is_one_script_call(store: RedisStore, raw: aioredis.Redis) -> None:
     a = record("a")
     await store.put(ALICE, a)
     await store.put(ALICE, record("b", a))

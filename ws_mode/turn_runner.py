@@ -114,7 +114,7 @@ class TurnRunner:
             await self._warm_up(create, current, new_fragment)
             return
         self.stats.turns += 1
-        started = asyncio.get_running_loop().time()
+        started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
 
         def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
             node = CachedResponse(
@@ -163,7 +163,7 @@ class TurnRunner:
         finally:
             self.streams.discard(stream)
             if stream.finished:
-                elapsed = asyncio.get_running_loop().time() - started
+                elapsed = time.perf_counter() - started
                 self.stats.turn_finished(elapsed, failed=stream.failure is not None)
                 if stream.failure is not None:
                     self.stats.error(stream.failure)
