@@ -13,14 +13,21 @@ import logging
 from typing import Any, Protocol
 
 import orjson
-from starlette.types import ASGIApp, Message, Scope
+from starlette.types import ASGIApp, Message, Receive, Scope
 
 from .events import lifecycle_events
 from .headers import end_to_end
 from .protocol import error_event, server_error
 from .sse import SSEDecoder
 
-__all__ = ["ClientGone", "EventSink", "HandlerCall", "handler_headers", "http_scope"]
+__all__ = [
+    "ClientGone",
+    "EventSink",
+    "HandlerCall",
+    "handler_headers",
+    "http_scope",
+    "replay_body",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -243,3 +250,18 @@ def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
         text("message") or f"The handler answered HTTP {status}.",
         param=text("param"),
     )
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives an app `body` as the whole request first, then whatever
+    `receive` gives (the disconnect): for a middleware that read the body itself."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -24,6 +24,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from .auth import AuthenticationFailed, authenticate, failure_code
+from .handler_call import replay_body
 from .items import encode_items
 from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
 from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer
@@ -100,7 +101,7 @@ class StatefulHTTP:
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):
-            await self.settings.app(scope, _replay(raw, receive), send)  # the app's to refuse
+            await self.settings.app(scope, replay_body(raw, receive), send)  # the app's to refuse
             return
         parent_id = body.get("previous_response_id")
         chain: list[StoredResponse] = []
@@ -144,7 +145,9 @@ class StatefulHTTP:
         watcher = _Watcher(send, parent_id if chain else None, finished)
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(request)).encode()))
-        await self.settings.app({**scope, "headers": headers}, _replay(request, receive), watcher)
+        await self.settings.app(
+            {**scope, "headers": headers}, replay_body(request, receive), watcher
+        )
         if writes:
             await asyncio.gather(*writes)
 
@@ -247,19 +250,6 @@ async def _body(receive: Receive, limit: int) -> bytes | None:
             return None
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 async def _answer(

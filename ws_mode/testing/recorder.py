@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..handler_call import replay_body
 from ..turn import turn
 from .items import as_items, copy_json
 
@@ -82,16 +83,7 @@ class Recorder:
         call = RecordedCall(body, context, full, headers, current is not None)
         with self._lock:
             self._calls.append((tag, call))
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(raw, receive), send)
 
     def take(self, token: str) -> list[RecordedCall]:
         """The calls of run `token` (and untagged calls) recorded since the last take."""
