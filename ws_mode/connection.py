@@ -151,10 +151,12 @@ class Connection:
         await self._close(GOING_AWAY, "server shutting down")
 
     async def _end(self, code: str, message: str, reason: str) -> None:
-        """Tell the client why the connection ends, then close with 1001 so it reconnects."""
+        """Tell the client why the connection ends, then close with 1001 so it reconnects.
+
+        The lanes stop first, so the error is the last event before the close."""
+        await self.lanes.stop()
         with contextlib.suppress(ClientGone):
             await self.send_error(error_event(400, "invalid_request_error", code, message))
-        await self.lanes.stop()
         await self._close(GOING_AWAY, reason)
 
     async def _close(self, code: int, reason: str) -> None:
