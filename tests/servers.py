@@ -19,13 +19,17 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import re
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +172,60 @@ def _serve_in_child(
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait(5)
+
+
+def first_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
+    """The first line of the process's output that starts with `prefix`."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.1)
+        if ready:
+            line = process.stdout.readline()
+            if line.startswith(prefix):
+                return line
+            seen.append(line)
+        if process.poll() is not None:
+            break
+    raise AssertionError(f"no line starting with {prefix!r}; output: {''.join(seen)!r}")
+
+
+def stop(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Terminate `process`, killing it if it does not end within `timeout` seconds."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@dataclass
+class ServeProcess:
+    """A running `ws-mode serve`: its process, its banner line and its origin."""
+
+    process: subprocess.Popen[str]
+    banner: str
+    origin: str
+
+
+@contextlib.contextmanager
+def ws_mode_serve(*flags: str, cwd: Path, timeout: float = 15.0) -> Iterator[ServeProcess]:
+    """Run `ws-mode serve --port 0 FLAGS` from `cwd` (the installed package is all it needs);
+    yield it once its banner names the port, stop it after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", *flags,
+         "--log-level", "warning"],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        banner = first_line(process, "ws-mode serve:", timeout=20)
+        found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", banner)
+        assert found, banner
+        yield ServeProcess(process, banner, f"http://127.0.0.1:{found.group(1)}")
+    finally:
+        stop(process, timeout)

@@ -31,7 +31,7 @@ from openai import OpenAI
 from openai.types.responses.responses_server_event import ResponseWsError
 
 from tests.integration.clients import sdk_recv, sdk_until_terminal
-from tests.servers import free_port, serve
+from tests.servers import free_port, serve, stop
 from ws_mode import ConfigError, WebSocketModeMiddleware
 from ws_mode.proxy import ResponsesProxy, create_proxy
 
@@ -64,16 +64,6 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> N
             time.sleep(0.05)
 
 
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
 @contextlib.contextmanager
 def upstream_process(app: str, logs: Path, key: str | None = None) -> Iterator[str]:
     """Run `tests.proxy_upstream --app APP` in its own process; yield its origin."""
@@ -88,7 +78,7 @@ def upstream_process(app: str, logs: Path, key: str | None = None) -> Iterator[s
             _wait_listening(port, process, log)
             yield f"http://127.0.0.1:{port}"
         finally:
-            _stop(process)
+            stop(process, 5)
 
 
 @pytest.fixture(scope="module")
@@ -600,9 +590,7 @@ def test_ws_mode_proxy_command_answers_a_socket_turn(storing: str) -> None:
         assert events[-1].type == "response.completed", events[-1]
         assert text_of(events[-1].response) == "items=3 last=again"
     finally:
-        _stop(process)
-        if process.stdout is not None:
-            process.stdout.close()
+        stop(process, 5)
 
 
 def test_ws_mode_proxy_command_refuses_a_bad_upstream() -> None:

@@ -5,12 +5,7 @@ everything works again when it returns."""
 
 from __future__ import annotations
 
-import contextlib
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,32 +17,9 @@ from hypothesis import strategies as st
 from ws_mode.tools.clients import connect
 
 from .redis_server import RedisServer
+from .servers import ws_mode_serve
 
 FIELDS: dict[str, Any] = {"model": "reference"}
-
-
-@contextlib.contextmanager
-def worker(redis_url: str, cwd: Path) -> Iterator[str]:
-    """One `ws-mode serve` process using the Redis at `redis_url`; yields its origin."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", "--tool-calls", "2",
-         "--store", redis_url, "--log-level", "warning"],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            found = re.search(r"ws://(127\.0\.0\.1:\d+)/v1/responses", line)
-            if found:
-                yield f"http://{found.group(1)}"
-                break
-        else:
-            raise AssertionError("the worker did not start")
-    finally:
-        process.terminate()
-        process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +33,9 @@ def workers(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[str]]:
     cwd = tmp_path_factory.mktemp("workers")
-    with worker(redis_server.url, cwd) as a, worker(redis_server.url, cwd) as b:
-        yield [a, b]
+    flags = ("--tool-calls", "2", "--store", redis_server.url)
+    with ws_mode_serve(*flags, cwd=cwd) as a, ws_mode_serve(*flags, cwd=cwd) as b:
+        yield [a.origin, b.origin]
 
 
 def turn(origin: str, token: str = "sk-test", **fields: Any) -> dict[str, Any]:

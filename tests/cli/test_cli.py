@@ -6,10 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +25,7 @@ from ws_mode.tools import rollout
 from ws_mode.tools.clients import connect
 
 from ..redis_server import RedisServer
+from ..servers import ws_mode_serve
 
 NUMBER = r"[\d.]+"
 SIZE = rf"{NUMBER} (?:B|KiB|MiB)"
@@ -94,73 +92,24 @@ def test_demo_reports_a_failed_rollout(
     assert not [t for t in threading.enumerate() if t.name.startswith("ws-mode-demo")]
 
 
-def _first_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    """The first line of the process's output that starts with `prefix`."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if ready:
-            line = process.stdout.readline()
-            if line.startswith(prefix):
-                return line
-            seen.append(line)
-        if process.poll() is not None:
-            break
-    raise AssertionError(f"no line starting with {prefix!r}; output: {''.join(seen)!r}")
-
-
 def test_serve_answers_a_socket_and_plain_http(tmp_path: Path) -> None:
     # Started from an unrelated directory: the installed package is all it needs.
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ws_mode.cli",
-            "serve",
-            "--port",
-            "0",
-            "--tool-calls",
-            "1",
-            "--log-level",
-            "warning",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = _first_line(process, "ws-mode serve:", timeout=20)
-        found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", line)
-        assert found, line
-        port = found.group(1)
-        assert f'base_url="http://127.0.0.1:{port}/v1"' in line
+    with ws_mode_serve("--tool-calls", "1", cwd=tmp_path) as served:
+        origin = served.origin
+        assert f'base_url="{origin}/v1"' in served.banner
 
-        with connect(f"http://127.0.0.1:{port}") as socket:
+        with connect(origin) as socket:
             socket.send({"type": "response.create", "model": "m", "input": "hi"})
             event = socket.receive_turn(timeout=10)[-1]
         assert event["type"] == "response.completed", event
         assert event["response"]["output"][0]["type"] == "function_call"
 
-        answer = httpx.post(
-            f"http://127.0.0.1:{port}/v1/responses", json={"input": "hi"}, timeout=10
-        )
+        answer = httpx.post(f"{origin}/v1/responses", json={"input": "hi"}, timeout=10)
         assert answer.status_code == 200
         assert answer.json()["object"] == "response"
 
-        result = rollout.run_socket(f"http://127.0.0.1:{port}", turns=2, tool_output_bytes=100)
+        result = rollout.run_socket(origin, turns=2, tool_output_bytes=100)
         assert result.tool_calls == 1
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 @pytest.mark.parametrize("store", [None, "memory"])
@@ -168,39 +117,22 @@ def test_serve_with_a_store_continues_a_response_on_a_new_socket(
     tmp_path: Path, store: str | None
 ) -> None:
     flags = ["--store", store] if store else []
-    command = [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", *flags]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = _first_line(process, "ws-mode serve:", timeout=20)
-        found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", line)
-        assert found, line
-        origin = f"http://127.0.0.1:{found.group(1)}"
-        with connect(origin) as first:
+    with ws_mode_serve(*flags, cwd=tmp_path) as served:
+        with connect(served.origin) as first:
             first.send({"type": "response.create", "model": "m", "input": "hi"})
             response = first.receive_turn(timeout=10)[-1]["response"]
         call = response["output"][0]
         answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
-        with connect(origin) as second:  # a new connection: an empty cache
+        with connect(served.origin) as second:  # a new connection: an empty cache
             second.send(
                 {"type": "response.create", "model": "m", "input": [answer],
                  "previous_response_id": response["id"]}
             )  # fmt: skip
             event = second.receive_turn(timeout=10)[-1]
-        if store:
-            assert event["type"] == "response.completed", event
-        else:
-            assert event["error"]["code"] == "previous_response_not_found"
-    finally:
-        process.terminate()
-        process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
+    if store:
+        assert event["type"] == "response.completed", event
+    else:
+        assert event["error"]["code"] == "previous_response_not_found"
 
 
 def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -278,20 +210,16 @@ def _only(worker: int, workers: list[int]) -> Iterator[None]:
 
 
 def test_serve_workers_share_a_redis_store(tmp_path: Path) -> None:
-    with RedisServer() as redis_server:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", "--workers", "2",
-             "--store", redis_server.url, "--tool-calls", "3", "--log-level", "warning"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+    flags = ("--workers", "2", "--tool-calls", "3")
+    with (
+        RedisServer() as redis_server,
+        ws_mode_serve(*flags, "--store", redis_server.url, cwd=tmp_path) as served,
+    ):
         keys = redis.Redis.from_url(redis_server.url)
         try:
-            line = _first_line(process, "ws-mode serve:", timeout=20)
-            assert "2 workers" in line
-            found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", line)
-            assert found, line
-            origin = f"http://127.0.0.1:{found.group(1)}"
-            workers = _workers_of(process.pid, 2)
+            assert "2 workers" in served.banner
+            origin = served.origin
+            workers = _workers_of(served.process.pid, 2)
             history: list[dict[str, Any]] = [{"role": "user", "content": "Plan it."}]
             new_input = list(history)
             previous: str | None = None
@@ -329,12 +257,4 @@ def test_serve_workers_share_a_redis_store(tmp_path: Path) -> None:
             assert "answered after 3 tool" in history[-1]["content"][0]["text"]
         finally:
             keys.close()
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-            if process.stdout is not None:
-                process.stdout.close()
-        assert process.returncode == 0
+    assert served.process.returncode == 0
