@@ -19,6 +19,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ws_mode import Turn, turn
+from ws_mode.handler_call import replay_body
 from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.testing import CompatibilityError, Conversation, Step, check_conversation
 
@@ -202,17 +203,7 @@ class BodyEdit:
         message = await receive()
         body = json.loads(message["body"])
         self.edit(body)
-        encoded = json.dumps(body).encode()
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": encoded, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(json.dumps(body).encode(), receive), send)
 
 
 class FrameEdit:
