@@ -17,6 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from ws_mode import ConfigError, WebSocketModeMiddleware
 from ws_mode import persistence as persistence_module
+from ws_mode.items import encode_items
 from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.store import MemoryStore, StoredResponse, chain_of
 from ws_mode.tools.loopback import ServerThread
@@ -91,6 +92,10 @@ def test_a_record_survives_its_encoding() -> None:
         response=b'{"id":"r"}', tools_digest=bytes(range(16)),
     )  # fmt: skip
     assert StoredResponse.decode(original.encode()) == original
+    lines = encode_items([{"role": "user", "content": "two\nlines\r\n"}])
+    multiline = StoredResponse(id="m", parent_id=None, chain_id="m", input=lines,
+                               output=b"", response=b"{}")  # fmt: skip
+    assert StoredResponse.decode(multiline.encode()) == multiline
 
 
 def test_the_store_setting_is_checked() -> None:

@@ -41,31 +41,29 @@ class StoredResponse:
     tools_digest: bytes | None = None
 
     def encode(self) -> bytes:
-        """The record as bytes, for stores that keep bytes."""
-        return orjson.dumps(
-            {
-                "id": self.id,
-                "parent_id": self.parent_id,
-                "chain_id": self.chain_id,
-                "input": self.input.decode(),
-                "output": self.output.decode(),
-                "response": self.response.decode(),
-                "tools_digest": self.tools_digest.hex() if self.tools_digest else None,
-            }
-        )
+        """The record as bytes, for stores that keep bytes: a line of JSON for the ids, then
+        the three encoded parts as they are, a line each (compact JSON holds no newline)."""
+        head = {
+            "id": self.id,
+            "parent_id": self.parent_id,
+            "chain_id": self.chain_id,
+            "tools_digest": self.tools_digest.hex() if self.tools_digest else None,
+        }
+        return b"\n".join((orjson.dumps(head), self.input, self.output, self.response))
 
     @classmethod
     def decode(cls, data: bytes) -> StoredResponse:
         """A record from `encode`'s bytes."""
-        fields: dict[str, Any] = orjson.loads(data)
+        head, input, output, response = data.split(b"\n", 3)
+        fields: dict[str, Any] = orjson.loads(head)
         digest = fields.get("tools_digest")
         return cls(
             id=fields["id"],
             parent_id=fields["parent_id"],
             chain_id=fields["chain_id"],
-            input=fields["input"].encode(),
-            output=fields["output"].encode(),
-            response=fields["response"].encode(),
+            input=input,
+            output=output,
+            response=response,
             tools_digest=bytes.fromhex(digest) if digest else None,
         )
 
