@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ws_mode.handler_call import handler_headers
-from ws_mode.headers import end_to_end
+from ws_mode.headers import end_to_end, header
 from ws_mode.proxy.upstream import REQUEST_DROPPED
 
 HANDSHAKE = [
@@ -41,3 +43,23 @@ def test_the_handler_and_the_upstream_see_the_same_client_headers() -> None:
     assert to_handler - {b"host", b"content-type", b"accept"} == to_upstream
     assert b"proxy-authorization" not in to_handler
     assert b"x-private" not in to_handler
+
+
+def test_header_reads_one_request_header() -> None:
+    scope: dict[str, Any] = {"headers": [(b"content-length", b"42"), (b"x-a", b"b")]}
+    assert header(scope, b"content-length") == b"42"
+    assert header(scope, b"content-type") is None
+    assert header({}, b"content-length") is None
+
+
+@pytest.mark.parametrize(
+    ("encoding", "decoded"),
+    [
+        (None, False),
+        ("identity", False),
+        ("gzip", True),
+        ("deflate, gzip", True),
+        ("br", False),
+        ("gzip, br", False),
+    ],
+)

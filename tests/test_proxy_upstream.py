@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import httpx
 import orjson
@@ -19,7 +18,6 @@ from ws_mode.proxy.upstream import (
     UpstreamFailure,
     answer_headers,
     check_upstream,
-    header,
     log_failure,
 )
 from ws_mode.sse import SSEDecoder
@@ -36,24 +34,6 @@ def test_check_upstream_normalizes_the_base_url() -> None:
         check_upstream("http://host/v1#top")
 
 
-def test_header_reads_one_request_header() -> None:
-    scope: dict[str, Any] = {"headers": [(b"content-length", b"42"), (b"x-a", b"b")]}
-    assert header(scope, b"content-length") == b"42"
-    assert header(scope, b"content-type") is None
-    assert header({}, b"content-length") is None
-
-
-@pytest.mark.parametrize(
-    ("encoding", "decoded"),
-    [
-        (None, False),
-        ("identity", False),
-        ("gzip", True),
-        ("deflate, gzip", True),
-        ("br", False),
-        ("gzip, br", False),
-    ],
-)
 def test_answer_headers_undo_only_the_encodings_httpx_decodes(
     encoding: str | None, decoded: bool
 ) -> None:

@@ -16,7 +16,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope
 
 from .events import lifecycle_events
-from .headers import end_to_end
+from .headers import end_to_end, header
 from .protocol import error_event, server_error
 from .sse import SSEDecoder
 
@@ -58,7 +58,7 @@ class EventSink(Protocol):
 def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
     """The handshake's headers the handler should see on every turn, plus the fixed ones."""
     headers = end_to_end(ws_scope.get("headers", []), _SET_HERE)
-    host = next((value for name, value in ws_scope.get("headers", []) if name == b"host"), None)
+    host = header(ws_scope, b"host")
     if host is not None:
         headers.insert(0, (b"host", host))
     headers.append((b"content-type", b"application/json"))

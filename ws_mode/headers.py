@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["HOP_BY_HOP", "end_to_end"]
+from starlette.types import Scope
+
+__all__ = ["HOP_BY_HOP", "end_to_end", "header"]
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -44,3 +46,11 @@ def end_to_end(
         for name, value in pairs
         if name not in dropped and not name.startswith(b"sec-websocket-")
     ]
+
+
+def header(scope: Scope, wanted: bytes) -> bytes | None:
+    """The value of the request header `wanted` (lowercase), or None."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == wanted:
+            return bytes(value)
+    return None

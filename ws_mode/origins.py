@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from starlette.types import Scope
 
 from .errors import ConfigError
+from .headers import header
 
 __all__ = ["OriginPolicy"]
 
@@ -72,11 +73,8 @@ class OriginPolicy:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            text: str = value.decode("latin-1").strip()
-            return text
-    return None
+    value = header(scope, name)
+    return value.decode("latin-1").strip() if value is not None else None
 
 
 def _normal(origin: str) -> str:

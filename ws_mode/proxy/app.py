@@ -17,7 +17,7 @@ import httpx
 from starlette.types import Message, Receive, Scope, Send
 
 from ws_mode.errors import ConfigError
-from ws_mode.headers import end_to_end
+from ws_mode.headers import end_to_end, header
 from ws_mode.proxy.upstream import (
     DEFAULT_LIMITS,
     DEFAULT_TIMEOUT,
@@ -25,7 +25,6 @@ from ws_mode.proxy.upstream import (
     UpstreamFailure,
     answer_headers,
     check_upstream,
-    header,
     log_failure,
 )
 

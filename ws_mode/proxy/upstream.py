@@ -10,7 +10,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 import httpx
-from starlette.types import Scope, Send
+from starlette.types import Send
 
 from ws_mode.errors import ConfigError
 from ws_mode.headers import end_to_end
@@ -24,7 +24,6 @@ __all__ = [
     "UpstreamFailure",
     "answer_headers",
     "check_upstream",
-    "header",
     "log_failure",
 ]
 
@@ -62,14 +61,6 @@ def check_upstream(upstream: object) -> str:
 
 
 # Headers.
-
-
-def header(scope: Scope, wanted: bytes) -> bytes | None:
-    """The value of the request header ``wanted`` (lowercase), or None."""
-    for name, value in scope.get("headers", ()):
-        if name.lower() == wanted:
-            return bytes(value)
-    return None
 
 
 def answer_headers(response: httpx.Response) -> tuple[list[tuple[bytes, bytes]], bool]:
