@@ -50,16 +50,3 @@ def test_header_reads_one_request_header() -> None:
     assert header(scope, b"content-length") == b"42"
     assert header(scope, b"content-type") is None
     assert header({}, b"content-length") is None
-
-
-@pytest.mark.parametrize(
-    ("encoding", "decoded"),
-    [
-        (None, False),
-        ("identity", False),
-        ("gzip", True),
-        ("deflate, gzip", True),
-        ("br", False),
-        ("gzip, br", False),
-    ],
-)

@@ -34,6 +34,17 @@ def test_check_upstream_normalizes_the_base_url() -> None:
         check_upstream("http://host/v1#top")
 
 
+@pytest.mark.parametrize(
+    ("encoding", "decoded"),
+    [
+        (None, False),
+        ("identity", False),
+        ("gzip", True),
+        ("deflate, gzip", True),
+        ("br", False),
+        ("gzip, br", False),
+    ],
+)
 def test_answer_headers_undo_only_the_encodings_httpx_decodes(
     encoding: str | None, decoded: bool
 ) -> None:
