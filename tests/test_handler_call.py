@@ -48,6 +48,12 @@ class Sink:
         self.finished = False
         self.log: list[tuple[str, str | None, Any]] = []
 
+    def frame(self, event_type: str | None, data: bytes) -> str | None:
+        return None  # every event through sse_event, to be recorded
+
+    async def send_text(self, text: str) -> None:
+        raise AssertionError("frame() never asks for a send")
+
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         self.log.append(("sse", event_type, data))
         if event_type in TERMINAL:

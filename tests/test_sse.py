@@ -33,37 +33,37 @@ def bytewise(body: bytes) -> list[SSEEvent]:
 @pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
 def test_line_endings(newline: bytes) -> None:
     body = newline.join([b"event: one", b"data: 1", b"", b"data: 2", b"", b""])
-    expected = [SSEEvent("one", b"1"), SSEEvent(None, b"2")]
+    expected = [("one", b"1"), (None, b"2")]
     assert decode(body) == expected
     assert bytewise(body) == expected
 
 
 def test_mixed_line_endings_in_one_event() -> None:
     body = b"event: mixed\rdata: a\r\ndata: b\ndata: c\r\r\n"
-    assert decode(body) == [SSEEvent("mixed", b"a\nb\nc")]
+    assert decode(body) == [("mixed", b"a\nb\nc")]
 
 
 def test_multi_line_data_joined_with_lf() -> None:
     body = b"data: first\ndata: second\ndata:third\n\n"
-    assert decode(body) == [SSEEvent(None, b"first\nsecond\nthird")]
+    assert decode(body) == [(None, b"first\nsecond\nthird")]
 
 
 def test_event_field_names_the_event() -> None:
-    assert decode(b"event: response.created\ndata: {}\n\n") == [SSEEvent("response.created", b"{}")]
+    assert decode(b"event: response.created\ndata: {}\n\n") == [("response.created", b"{}")]
 
 
 def test_event_field_is_reset_after_dispatch() -> None:
     body = b"event: a\ndata: 1\n\ndata: 2\n\n"
-    assert decode(body) == [SSEEvent("a", b"1"), SSEEvent(None, b"2")]
+    assert decode(body) == [("a", b"1"), (None, b"2")]
 
 
 def test_last_event_field_wins() -> None:
-    assert decode(b"event: a\nevent: b\ndata: x\n\n") == [SSEEvent("b", b"x")]
+    assert decode(b"event: a\nevent: b\ndata: x\n\n") == [("b", b"x")]
 
 
 def test_comments_are_ignored() -> None:
     body = b": keep-alive\ndata: a\n:another comment\ndata: b\n\n: trailing\n\n"
-    assert decode(body) == [SSEEvent(None, b"a\nb")]
+    assert decode(body) == [(None, b"a\nb")]
 
 
 def test_comment_alone_is_not_an_event() -> None:
@@ -72,103 +72,103 @@ def test_comment_alone_is_not_an_event() -> None:
 
 def test_id_and_retry_are_ignored() -> None:
     body = b"id: 7\nretry: 1000\nevent: x\ndata: y\nid\n\n"
-    assert decode(body) == [SSEEvent("x", b"y")]
+    assert decode(body) == [("x", b"y")]
 
 
 def test_unknown_fields_are_ignored() -> None:
-    assert decode(b"foo: bar\ndata: y\nDATA: z\n\n") == [SSEEvent(None, b"y")]
+    assert decode(b"foo: bar\ndata: y\nDATA: z\n\n") == [(None, b"y")]
 
 
 def test_field_without_colon_has_an_empty_value() -> None:
-    assert decode(b"data\ndata\n\n") == [SSEEvent(None, b"\n")]
-    assert decode(b"data\n\n") == [SSEEvent(None, b"")]
-    assert decode(b"event\ndata: x\n\n") == [SSEEvent(None, b"x")]
+    assert decode(b"data\ndata\n\n") == [(None, b"\n")]
+    assert decode(b"data\n\n") == [(None, b"")]
+    assert decode(b"event\ndata: x\n\n") == [(None, b"x")]
 
 
 def test_only_one_leading_space_is_stripped() -> None:
     body = b"event:  two\ndata:  spaced\ndata:none\ndata:\tTab\n\n"
-    assert decode(body) == [SSEEvent(" two", b" spaced\nnone\n\tTab")]
+    assert decode(body) == [(" two", b" spaced\nnone\n\tTab")]
 
 
 def test_colon_in_value_is_kept() -> None:
-    assert decode(b'data: {"a": "b:c"}\n\n') == [SSEEvent(None, b'{"a": "b:c"}')]
+    assert decode(b'data: {"a": "b:c"}\n\n') == [(None, b'{"a": "b:c"}')]
 
 
 def test_blank_line_dispatches_each_event() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"data: 1\n") == []
-    assert decoder.feed(b"\n") == [SSEEvent(None, b"1")]
+    assert decoder.feed(b"\n") == [(None, b"1")]
     assert decoder.feed(b"data: 2\n") == []
-    assert decoder.feed(b"\ndata: 3\n\n") == [SSEEvent(None, b"2"), SSEEvent(None, b"3")]
+    assert decoder.feed(b"\ndata: 3\n\n") == [(None, b"2"), (None, b"3")]
 
 
 def test_event_without_data_is_not_dispatched() -> None:
     body = b"event: lonely\n\ndata: x\n\n"
     # The unused `event:` is discarded with the empty event: it does not leak into the next.
-    assert decode(body) == [SSEEvent(None, b"x")]
+    assert decode(body) == [(None, b"x")]
 
 
 def test_repeated_blank_lines_dispatch_nothing_more() -> None:
-    assert decode(b"\n\n\ndata: x\n\n\n\n") == [SSEEvent(None, b"x")]
+    assert decode(b"\n\n\ndata: x\n\n\n\n") == [(None, b"x")]
 
 
 def test_empty_data_line_is_an_event() -> None:
-    assert decode(b"data:\n\n") == [SSEEvent(None, b"")]
-    assert decode(b"data: \n\n") == [SSEEvent(None, b"")]
+    assert decode(b"data:\n\n") == [(None, b"")]
+    assert decode(b"data: \n\n") == [(None, b"")]
 
 
 def test_leading_bom_is_stripped() -> None:
     body = b"\xef\xbb\xbfdata: x\n\n"
-    assert decode(body) == [SSEEvent(None, b"x")]
-    assert bytewise(body) == [SSEEvent(None, b"x")]
-    assert decode(b"\xef", b"\xbb", b"\xbf", b"event: e\n", b"data: y\n\n") == [SSEEvent("e", b"y")]
+    assert decode(body) == [(None, b"x")]
+    assert bytewise(body) == [(None, b"x")]
+    assert decode(b"\xef", b"\xbb", b"\xbf", b"event: e\n", b"data: y\n\n") == [("e", b"y")]
 
 
 def test_bom_only_stripped_at_the_start() -> None:
     # A second BOM is part of the line: it makes the field name unknown.
-    assert decode(b"\xef\xbb\xbf\xef\xbb\xbfdata: x\n\ndata: y\n\n") == [SSEEvent(None, b"y")]
+    assert decode(b"\xef\xbb\xbf\xef\xbb\xbfdata: x\n\ndata: y\n\n") == [(None, b"y")]
     # A BOM later in the stream is ordinary data.
-    assert decode(b"data: \xef\xbb\xbfz\n\n") == [SSEEvent(None, b"\xef\xbb\xbfz")]
+    assert decode(b"data: \xef\xbb\xbfz\n\n") == [(None, b"\xef\xbb\xbfz")]
 
 
 def test_partial_bom_prefix_that_is_not_a_bom() -> None:
     assert decode(b"\xef", b"\xbbdata: x\n\n") == []
-    assert decode(b"\xef\xbb", b"xdata: y\n\ndata: z\n\n") == [SSEEvent(None, b"z")]
+    assert decode(b"\xef\xbb", b"xdata: y\n\ndata: z\n\n") == [(None, b"z")]
 
 
 def test_event_without_trailing_blank_line_is_not_dispatched() -> None:
-    assert decode(b"data: 1\n\ndata: 2\n") == [SSEEvent(None, b"1")]
-    assert decode(b"data: 1\n\ndata: 2") == [SSEEvent(None, b"1")]
+    assert decode(b"data: 1\n\ndata: 2\n") == [(None, b"1")]
+    assert decode(b"data: 1\n\ndata: 2") == [(None, b"1")]
 
 
 def test_empty_event_field_is_none() -> None:
-    assert decode(b"event:\ndata: x\n\n") == [SSEEvent(None, b"x")]
-    assert decode(b"event: \ndata: x\n\n") == [SSEEvent(None, b"x")]
-    assert decode(b"event: a\nevent:\ndata: x\n\n") == [SSEEvent(None, b"x")]
+    assert decode(b"event:\ndata: x\n\n") == [(None, b"x")]
+    assert decode(b"event: \ndata: x\n\n") == [(None, b"x")]
+    assert decode(b"event: a\nevent:\ndata: x\n\n") == [(None, b"x")]
 
 
 def test_event_name_is_decoded_as_utf8() -> None:
     name = "r\u00e9ponse.\u2603"
     body = b"event: " + name.encode() + b"\ndata: x\n\n"
-    assert bytewise(body) == [SSEEvent(name, b"x")]
+    assert bytewise(body) == [(name, b"x")]
 
 
 def test_empty_chunks_change_nothing() -> None:
-    assert decode(b"", b"data: a\r", b"", b"\n", b"", b"\r\n", b"") == [SSEEvent(None, b"a")]
+    assert decode(b"", b"data: a\r", b"", b"\n", b"", b"\r\n", b"") == [(None, b"a")]
 
 
 def test_cr_split_from_lf_counts_once() -> None:
     # `\r` then `\n` in the next chunk is one line end, not a line end and a blank line.
-    assert decode(b"data: a\r", b"\ndata: b\r", b"\n\r", b"\n") == [SSEEvent(None, b"a\nb")]
+    assert decode(b"data: a\r", b"\ndata: b\r", b"\n\r", b"\n") == [(None, b"a\nb")]
     # `\r` then `\r`: two line ends, so a blank line.
-    assert decode(b"data: a\r", b"\rdata: b\r\r") == [SSEEvent(None, b"a"), SSEEvent(None, b"b")]
+    assert decode(b"data: a\r", b"\rdata: b\r\r") == [(None, b"a"), (None, b"b")]
 
 
 def test_events_come_out_as_soon_as_complete() -> None:
     decoder = SSEDecoder()
-    assert decoder.feed(b"event: a\ndata: 1\n\nevent: b\nda") == [SSEEvent("a", b"1")]
+    assert decoder.feed(b"event: a\ndata: 1\n\nevent: b\nda") == [("a", b"1")]
     assert decoder.feed(b"ta: 2") == []
-    assert decoder.feed(b"\n\n") == [SSEEvent("b", b"2")]
+    assert decoder.feed(b"\n\n") == [("b", b"2")]
 
 
 # --- generated streams ----------------------------------------------------------------------
@@ -194,12 +194,12 @@ def generated_events(draw: st.DrawFn) -> Generated:
     return Generated(event, data, comments)
 
 
-def serialize(events: list[Generated], line_ends: st.DataObject) -> bytes:
-    """An SSE body for `events`, each line ending as `line_ends` draws."""
+def serialize(events: list[Generated], line_ends: st.DataObject, *, lf_only: bool = False) -> bytes:
+    """An SSE body for `events`, each line ending as `line_ends` draws (LF with `lf_only`)."""
     out: list[bytes] = []
 
     def line(text: str) -> None:
-        ends: tuple[bytes, ...] = LINE_ENDS
+        ends: tuple[bytes, ...] = (b"\n",) if lf_only else LINE_ENDS
         if not text and out and out[-1].endswith(b"\r"):
             # A CR then an empty line ended by LF would read as one CRLF.
             ends = (b"\r\n", b"\r")
@@ -219,23 +219,24 @@ def serialize(events: list[Generated], line_ends: st.DataObject) -> bytes:
 
 
 def expected_events(events: list[Generated]) -> list[SSEEvent]:
-    return [
-        SSEEvent(generated.event or None, "\n".join(generated.data).encode())
-        for generated in events
-    ]
+    return [(generated.event or None, "\n".join(generated.data).encode()) for generated in events]
 
 
 @st.composite
 def cuts(draw: st.DrawFn, body: bytes) -> list[bytes]:
-    """`body` cut into chunks, including 1-byte chunks and cuts between CR and LF."""
+    """`body` cut into chunks, including 1-byte chunks, cuts between CR and LF, and cuts after
+    each blank line (chunks of whole events, the decoder's fast path)."""
     if not body:
         return []
-    style = draw(st.sampled_from(["random", "bytes", "crlf"]))
+    style = draw(st.sampled_from(["random", "bytes", "crlf", "events"]))
     if style == "bytes":
         return [body[index : index + 1] for index in range(len(body))]
     points = set(draw(st.lists(st.integers(1, len(body)), max_size=20)))
     if style == "crlf":
         points.update(index + 1 for index in range(len(body) - 1) if body[index] == 0x0D)
+    if style == "events":
+        points = {index + 2 for index in range(len(body) - 1) if body[index : index + 2] == b"\n\n"}
+        points.add(draw(st.integers(1, len(body))))  # and one cut anywhere
     bounds = [0, *sorted(points), len(body)]
     return [body[start:end] for start, end in itertools.pairwise(bounds)]
 
@@ -258,6 +259,21 @@ def test_chunked_stream_decodes_like_the_whole_body(
 
 
 @settings(max_examples=200)
+@given(events=st.lists(generated_events(), min_size=1, max_size=6), data=st.data())
+def test_chunks_of_whole_events_decode_like_the_whole_body(
+    events: list[Generated], data: st.DataObject
+) -> None:
+    # How servers flush: LF line ends, each chunk one or more whole events.
+    body = serialize(events, data, lf_only=True)
+    bounds = [index + 2 for index in range(len(body) - 1) if body[index : index + 2] == b"\n\n"]
+    kept = sorted(set(data.draw(st.lists(st.sampled_from(bounds)))) | {len(body)})
+    chunks = [body[start:end] for start, end in itertools.pairwise([0, *kept])]
+    decoder = SSEDecoder()
+    decoder.feed(b":\n\n")  # past the start, as in the middle of a stream
+    assert [event for chunk in chunks for event in decoder.feed(chunk)] == expected_events(events)
+
+
+@settings(max_examples=200)
 @given(body=st.binary(max_size=60), data=st.data())
 def test_arbitrary_bytes_decode_the_same_in_any_chunks(body: bytes, data: st.DataObject) -> None:
     chunks = data.draw(cuts(body))
@@ -276,4 +292,4 @@ def test_arbitrary_bytes_decode_the_same_in_any_chunks(body: bytes, data: st.Dat
 def test_encoded_events_decode_to_themselves(events: list[dict[str, object]]) -> None:
     decoder = SSEDecoder()
     decoded = decoder.feed(b"".join(encode_sse(event) for event in events))
-    assert [(e.event, orjson.loads(e.data)) for e in decoded] == [(e["type"], e) for e in events]
+    assert [(kind, orjson.loads(data)) for kind, data in decoded] == [(e["type"], e) for e in events]

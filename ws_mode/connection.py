@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -63,7 +64,7 @@ class Connection:
         self.lanes = Lanes(
             self.limits, run=self._run_turn, refuse=self._refuse, ends_lane=(ClientGone,)
         )
-        self._send_lock = asyncio.Lock()
+        self._send_gate = _SendGate()
         self._closed = False
         self._draining = False
         self._send_started: float | None = None
@@ -173,16 +174,24 @@ class Connection:
         """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
         if self._closed:
             raise ClientGone("the WebSocket is closed")
-        async with self._send_lock:
-            # The watchdog reads these: a send that stays pending means a client not reading.
-            self._send_started = time.monotonic()
-            try:
-                await self._send({"type": "websocket.send", "text": text})
-            except Exception as exc:  # servers raise OSError or their own errors here
-                self._closed = True
-                raise ClientGone("the WebSocket client went away") from exc
-            finally:
-                self._send_started = None
+        gate = self._send_gate
+        if gate.held:
+            await gate.wait()
+        else:
+            gate.held = True
+        # The watchdog reads these: a send that stays pending means a client not reading.
+        self._send_started = time.monotonic()
+        try:
+            await self._send({"type": "websocket.send", "text": text})
+        except Exception as exc:  # servers raise OSError or their own errors here
+            self._closed = True
+            raise ClientGone("the WebSocket client went away") from exc
+        finally:
+            self._send_started = None
+            if gate.waiters:
+                gate.release()
+            else:
+                gate.held = False
 
     async def _watch_sends(self) -> None:
         """Disconnect a client that leaves a frame unread for `max_send_stall_seconds`.
@@ -327,3 +336,38 @@ class Connection:
 
     async def _refuse(self, error: ProtocolError) -> None:
         await self.send_error(error.event())
+
+
+class _SendGate:
+    """One send at a time on the socket, served in order: a lock whose uncontended taking is
+    one attribute (this runs once per event; `asyncio.Lock.acquire` is a coroutine each time).
+
+    Take it with `if gate.held: await gate.wait()` else `gate.held = True`; `release()` hands
+    it to the next waiter, if any.
+    """
+
+    __slots__ = ("held", "waiters")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def wait(self) -> None:
+        """Wait until a `release()` hands the gate over (it is then held for this caller)."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # handed over just as this waiter was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        """Hand the gate to the first waiter still waiting, or leave it free."""
+        while self.waiters:
+            future = self.waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self.held = False

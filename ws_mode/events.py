@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
+from orjson import JSONDecodeError, loads
 
 from .cache import decoded_size
 from .protocol import (
@@ -82,31 +83,54 @@ class ResponseStream:
         self._sent = 0  # events sent so far: the next one's sequence_number
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
 
+    def frame(self, event_type: str | None, data: bytes) -> str | None:
+        """The frame that forwards one event of the handler's SSE stream as it was encoded
+        (the lane spliced in), counted as sent; None when the event must go through
+        :meth:`sse_event` instead (it carries the response or an error, or is no JSON object).
+
+        The data's own `type` decides (the `event:` line only stands in when it has none).
+        Synchronous, so a chunk's events go out with no await but the sends themselves.
+        """
+        try:
+            event = loads(data)
+        except JSONDecodeError:
+            return None
+        if type(event) is not dict:
+            return None
+        kind = event.get("type", event_type)
+        if kind.__class__ is str and kind in DECODED_EVENTS:
+            if kind != "response.output_item.done":
+                return None
+            self._remember_item(event)
+        prefix = self._prefix
+        if prefix is not None:
+            data = data.strip()
+            if data[1:2] == b'"':  # `{"key":...}`: splice the lane in after the brace
+                data = prefix + data[1:]
+            else:
+                rest = data[1:].lstrip()
+                data = prefix + rest if rest != b"}" else prefix[:-1] + b"}"
+        self._sent += 1
+        return data.decode()  # orjson accepted it, so it is valid UTF-8
+
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """Forward one event of the handler's SSE stream."""
         if self.finished:
             return
+        text = self.frame(event_type, data)
+        if text is not None:
+            await self.send_text(text)
+            return
         try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            event = loads(data)
+        except JSONDecodeError:
             event = None
-        if not isinstance(event, dict):
+        if type(event) is not dict:
             await self.event(server_error("The handler sent an event that is not a JSON object."))
             return
-        if event_type is None or event_type in DECODED_EVENTS:
-            if event_type != "response.output_item.done":
-                await self.event(event, from_handler=True)
-                return
-            self._remember_item(event)
-        data = data.strip()
-        if self._prefix is not None:
-            if data[1:2] == b'"':  # `{"key":...}`: splice the lane in after the brace
-                data = self._prefix + data[1:]
-            else:
-                rest = data[1:].lstrip()
-                data = self._prefix + rest if rest != b"}" else self._prefix[:-1] + b"}"
-        self._sent += 1
-        await self.send_text(data.decode("utf-8", "replace"))
+        if "type" not in event and event_type is not None:
+            event["type"] = event_type
+        await self.event(event, from_handler=True)
 
     async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
         """Forward an event given as an object, updating the stream's state from it.

@@ -48,6 +48,13 @@ class EventSink(Protocol):
 
     finished: bool
 
+    def frame(self, event_type: str | None, data: bytes) -> str | None:
+        """The frame forwarding an event of the handler's SSE stream as it is, or None when
+        it must go through `sse_event`."""
+
+    async def send_text(self, text: str) -> None:
+        """Send one frame to the client (raising `ClientGone` when it left)."""
+
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """An event of the handler's SSE stream, its data still encoded."""
 
@@ -148,12 +155,12 @@ class HandlerCall:
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.body":
+            if self._complete:
+                return
             if self.status is None:
                 raise RuntimeError(
                     "Expected ASGI message 'http.response.start', but got 'http.response.body'."
                 )
-            if self._complete:
-                return
             if not message.get("more_body", False):
                 self._complete = True
                 # Past the response, `receive()` reports the disconnect (ASGI spec).
@@ -162,11 +169,17 @@ class HandlerCall:
                 return  # what follows the terminal event reaches nobody
             body: bytes = message.get("body", b"")
             if self._streaming:
+                # The chunk's events in one pass: each one awaits only its own send.
+                sink = self.sink
                 try:
-                    for event in self._decoder.feed(body):
-                        if self.sink.finished:
+                    for event_type, data in self._decoder.feed(body):
+                        if sink.finished:
                             break
-                        await self.sink.sse_event(event.event, event.data)
+                        text = sink.frame(event_type, data)
+                        if text is None:
+                            await sink.sse_event(event_type, data)
+                        else:
+                            await sink.send_text(text)
                 except ClientGone:
                     self._client_gone = True
                     raise

@@ -184,7 +184,8 @@ class _Watcher:
                 await self._send_json(b"".join(self._json))
         elif message["type"] == "http.response.body" and self._decoder is not None:
             out = [
-                self._event(e.event, e.data) for e in self._decoder.feed(message.get("body", b""))
+                self._event(kind, data)
+                for kind, data in self._decoder.feed(message.get("body", b""))
             ]
             more = message.get("more_body", False)
             await self._send(

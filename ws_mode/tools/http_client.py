@@ -112,9 +112,9 @@ class HttpClient:
                 raise NotAnEventStream(kind)
             decoder = SSEDecoder()
             for chunk in answer.iter_bytes():
-                for event in decoder.feed(chunk):
-                    if event.data != DONE:
-                        yield decode_event(event.data)
+                for _, data in decoder.feed(chunk):
+                    if data != DONE:
+                        yield decode_event(data)
 
     def close(self) -> None:
         self.client.close()

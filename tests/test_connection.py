@@ -1,0 +1,88 @@
+"""The connection's send gate: one send at a time on the socket, in order, whatever the
+lanes and cancellations do (`ws_mode.connection._SendGate`, taken once per event)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ws_mode.connection import _SendGate
+
+
+async def _take(gate: _SendGate) -> None:
+    if gate.held:
+        await gate.wait()
+    else:
+        gate.held = True
+
+
+def _give_back(gate: _SendGate) -> None:
+    if gate.waiters:
+        gate.release()
+    else:
+        gate.held = False
+
+
+@pytest.mark.anyio
+async def test_sends_never_overlap_and_keep_their_order() -> None:
+    gate = _SendGate()
+    inside = 0
+    order: list[int] = []
+
+    async def send(number: int) -> None:
+        nonlocal inside
+        await _take(gate)
+        try:
+            inside += 1
+            assert inside == 1
+            order.append(number)
+            await asyncio.sleep(0)  # a send that suspends (the socket's buffer is full)
+            await asyncio.sleep(0)
+        finally:
+            inside -= 1
+            _give_back(gate)
+
+    await asyncio.gather(*(send(number) for number in range(20)))
+    assert order == list(range(20))
+    assert not gate.held
+    assert not gate.waiters
+
+
+@pytest.mark.anyio
+async def test_a_waiter_cancelled_while_waiting_is_skipped() -> None:
+    gate = _SendGate()
+    await _take(gate)
+    cancelled = asyncio.create_task(_take(gate))
+    after = asyncio.create_task(_take(gate))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    _give_back(gate)  # hands the gate to `after`, past the cancelled waiter
+    await asyncio.wait_for(after, 1)
+    assert gate.held
+    _give_back(gate)
+    assert not gate.held
+    assert cancelled.cancelled()
+
+
+@pytest.mark.anyio
+async def test_a_waiter_cancelled_as_it_is_handed_the_gate_passes_it_on() -> None:
+    gate = _SendGate()
+    await _take(gate)
+    first = asyncio.create_task(_take(gate))
+    second = asyncio.create_task(_take(gate))
+    await asyncio.sleep(0)
+    _give_back(gate)  # `first` is handed the gate...
+    first.cancel()  # ...and cancelled before it runs
+    await asyncio.wait_for(second, 1)  # so it goes on to `second`
+    assert first.cancelled()
+    assert gate.held
+    _give_back(gate)
+    assert not gate.held
+    assert not gate.waiters
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
