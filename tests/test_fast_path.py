@@ -61,6 +61,7 @@ class Harness:
                 "prefix": len(current.prefix_tokens or ()),
                 "new": current.new_tokens,
                 "tools_changed": current.tools_changed,
+                "cache_aware": current.cache_aware,
                 "tool_artifacts": dict(current.tool_artifacts),
             }
         )
@@ -116,6 +117,23 @@ def test_each_item_is_rendered_once_and_the_prefix_is_handed_over(
     # Every item was rendered exactly once: each turn's new input, then each output.
     rendered_items = [orjson.dumps(item) for items in recorder.rendered for item in items]
     assert len(rendered_items) == len(set(rendered_items)) == 3 + 3
+
+
+@pytest.mark.parametrize(("full_context", "cache_aware"), [("on_miss", True), ("always", False)])
+def test_the_turn_tells_whether_artifacts_will_be_read(
+    full_context: str, cache_aware: bool
+) -> None:
+    # A handler serving both ways saves artifacts only for a middleware that reads them back.
+    harness = Harness()
+    app = Starlette(routes=[Route("/v1/responses", harness.handler, methods=["POST"])])
+    wrapped = WebSocketModeMiddleware(app, full_context=full_context)  # type: ignore[arg-type]
+    with (
+        serve(wrapped) as base_url,
+        connect(base_url.replace("http", "ws", 1) + "/v1/responses") as socket,
+    ):
+        first = create(socket, input="a")["response"]["id"]
+        assert create(socket, input="b", previous_response_id=first)["type"] == "response.completed"
+    assert [entry["cache_aware"] for entry in harness.turns] == [cache_aware, cache_aware]
 
 
 def test_tool_artifacts_come_back_while_the_tools_stay_the_same(

@@ -29,6 +29,10 @@ class Turn:
     handler fills for these exact tools (rendered schemas, a namespace), handed back on every
     turn of the connection with the same tools.
 
+    `cache_aware` tells whether continuations may reach the handler with only their new input
+    (`full_context="on_miss"`): only then is anything read back from `artifacts`, so a handler
+    serving both ways saves them only when it is True.
+
     With a `renderer`, `prefix_tokens` holds the rendered context before this turn (never
     re-rendered) and `new_tokens` this turn's new input, rendered once.
     """
@@ -36,6 +40,7 @@ class Turn:
     __slots__ = (
         "_new_input",
         "artifacts",
+        "cache_aware",
         "full_context",
         "generate",
         "new_tokens",
@@ -58,6 +63,7 @@ class Turn:
         tools_digest: bytes | None = None,
         generate: bool = True,
         full_context: bool = True,
+        cache_aware: bool = False,
         tool_artifacts: dict[str, Any] | None = None,
         new_tokens: list[int] | None = None,
         principal: Any = None,
@@ -71,6 +77,8 @@ class Turn:
         self.generate = generate
         #: Whether the handler's request body carries the whole context in `input`.
         self.full_context = full_context
+        #: Whether continuations may come with only their new input (`full_context="on_miss"`).
+        self.cache_aware = cache_aware
         self.artifacts: dict[str, Any] = {}
         self.tool_artifacts: dict[str, Any] = tool_artifacts if tool_artifacts is not None else {}
         self.new_tokens = new_tokens

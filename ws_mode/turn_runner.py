@@ -196,6 +196,7 @@ class TurnRunner:
             tools_digest=digest,
             generate=create.generate,
             full_context=_full_context(self.settings.full_context, previous, forwarded),
+            cache_aware=self.settings.full_context == "on_miss",
             tool_artifacts=self._tool_artifacts_for(digest),
             principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,

@@ -72,7 +72,9 @@ def test_previous_response_id_uses_the_turn_history(monkeypatch: pytest.MonkeyPa
         parent = CachedResponse(
             id=first["id"], response=first, input_items=[USER], output_items=[call], parent=None
         )
-        found = Turn(previous=parent, new_input=[call_output(call)], full_context=False)
+        found = Turn(
+            previous=parent, new_input=[call_output(call)], full_context=False, cache_aware=True
+        )
         calls = install_turn(monkeypatch, found)
         app.state.reference_stats.reset()
         body = {"input": [call_output(call)], "previous_response_id": first["id"]}

@@ -100,7 +100,8 @@ def _respond(
     output = script_from_state(
         context.digest_state, context.tool_calls, parsed.instructions, parsed.tools, effective
     )
-    if found is not None:
+    if found is not None and found.cache_aware:
+        # Only a cache-aware middleware sends a continuation without the context to resume.
         stats.tokens_rendered += _context.save(found, context, output, tokenizer)
     produced = sum(output_tokens(item) for item in output)
     response_id = f"resp_{secrets.token_hex(16)}"
