@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -47,13 +48,12 @@ class EventSink(Protocol):
     """Where the events of one handler call go (the connection's response stream)."""
 
     finished: bool
+    #: Sends one frame to the client (raising `ClientGone` when it left).
+    send_text: Callable[[str], Awaitable[None]]
 
     def frame(self, event_type: str | None, data: bytes) -> str | None:
         """The frame forwarding an event of the handler's SSE stream as it is, or None when
         it must go through `sse_event`."""
-
-    async def send_text(self, text: str) -> None:
-        """Send one frame to the client (raising `ClientGone` when it left)."""
 
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """An event of the handler's SSE stream, its data still encoded."""
