@@ -48,11 +48,17 @@ class Sink:
         self.finished = False
         self.log: list[tuple[str, str | None, Any]] = []
 
-    def frame(self, event_type: str | None, data: bytes) -> str | None:
-        return None  # every event through sse_event, to be recorded
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        self.log.append(("sse", event_type, data))
+        if event_type in TERMINAL:
+            self.finished = True
+        return ""  # a frame to send
 
     async def send_text(self, text: str) -> None:
-        raise AssertionError("frame() never asks for a send")
+        return None
+
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        raise AssertionError("frame() always answers with a frame")
 
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         self.log.append(("sse", event_type, data))
@@ -736,7 +742,7 @@ async def test_asgi_protocol_errors_are_server_errors(messages: list[Message]) -
 @pytest.mark.anyio
 async def test_client_gone_propagates() -> None:
     class LeavingSink(Sink):
-        async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        async def send_text(self, text: str) -> None:
             raise ClientGone("left")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -746,7 +752,8 @@ async def test_client_gone_propagates() -> None:
     sink = LeavingSink()
     with pytest.raises(ClientGone):
         await make_call(app, sink).run()
-    assert sink.log == []
+    # The event was framed; its send found the client gone, and nothing more was reported.
+    assert sink.log == [("sse", "response.created", b'{"type":"response.created"}')]
 
 
 # --- receive() ------------------------------------------------------------------------------

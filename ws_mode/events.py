@@ -83,10 +83,11 @@ class ResponseStream:
         self._sent = 0  # events sent so far: the next one's sequence_number
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
 
-    def frame(self, event_type: str | None, data: bytes) -> str | None:
-        """The frame that forwards one event of the handler's SSE stream as it was encoded
-        (the lane spliced in), counted as sent; None when the event must go through
-        :meth:`sse_event` instead (it carries the response or an error, or is no JSON object).
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        """One event of the handler's SSE stream: the frame that forwards it as it was encoded
+        (the lane spliced in, counted as sent); the event decoded when it must go through
+        :meth:`handler_event` instead (it carries the response or an error); None when it is
+        no JSON object.
 
         The data's own `type` decides (the `event:` line only stands in when it has none).
         Synchronous, so a chunk's events go out with no await but the sends themselves.
@@ -100,7 +101,8 @@ class ResponseStream:
         kind = event.get("type", event_type)
         if kind.__class__ is str and kind in DECODED_EVENTS:
             if kind != "response.output_item.done":
-                return None
+                event["type"] = kind
+                return event
             self._remember_item(event)
         prefix = self._prefix
         if prefix is not None:
@@ -113,24 +115,25 @@ class ResponseStream:
         self._sent += 1
         return data.decode()  # orjson accepted it, so it is valid UTF-8
 
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        """Forward an event of the handler's stream that :meth:`frame` decoded (None: one that
+        was no JSON object, answered with an error for the turn)."""
+        if event is None:
+            logger.warning("the handler sent an SSE event that is not a JSON object")
+            event = server_error("The handler sent an event that is not a JSON object.")
+            await self.event(event)
+            return
+        await self.event(event, from_handler=True)
+
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """Forward one event of the handler's SSE stream."""
         if self.finished:
             return
-        text = self.frame(event_type, data)
-        if text is not None:
-            await self.send_text(text)
-            return
-        try:
-            event = loads(data)
-        except JSONDecodeError:
-            event = None
-        if type(event) is not dict:
-            await self.event(server_error("The handler sent an event that is not a JSON object."))
-            return
-        if "type" not in event and event_type is not None:
-            event["type"] = event_type
-        await self.event(event, from_handler=True)
+        framed = self.frame(event_type, data)
+        if isinstance(framed, str):
+            await self.send_text(framed)
+        else:
+            await self.handler_event(framed)
 
     async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
         """Forward an event given as an object, updating the stream's state from it.
@@ -238,6 +241,7 @@ def lifecycle_events(
     status = response.get("status") or "completed"
     terminal = TERMINAL_EVENT_BY_STATUS.get(status)
     if terminal is None:
+        logger.warning("the handler answered with a response whose status is %r", status)
         yield server_error(
             f"The handler answered with a response whose status is {status!r}, not finished."
         )

@@ -51,12 +51,13 @@ class EventSink(Protocol):
     #: Sends one frame to the client (raising `ClientGone` when it left).
     send_text: Callable[[str], Awaitable[None]]
 
-    def frame(self, event_type: str | None, data: bytes) -> str | None:
-        """The frame forwarding an event of the handler's SSE stream as it is, or None when
-        it must go through `sse_event`."""
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        """An event of the handler's SSE stream (the `event:` field, or None, and the data):
+        the frame that forwards it as it is, or the event decoded to go through
+        `handler_event`, or None when it is no JSON object."""
 
-    async def sse_event(self, event_type: str | None, data: bytes) -> None:
-        """An event of the handler's SSE stream, its data still encoded."""
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        """An event `frame` decoded (or None, for one that was no JSON object)."""
 
     async def event(self, event: dict[str, Any]) -> None:
         """An event ws_mode built (from a JSON answer, or an error)."""
@@ -118,6 +119,7 @@ class HandlerCall:
         self.sink = sink
         self.status: int | None = None
         self._streaming = False
+        self._content_type = b""
         self._decoder = SSEDecoder()
         self._buffer: list[bytes] = []
         self._buffered = 0
@@ -175,11 +177,11 @@ class HandlerCall:
                     for event_type, data in self._decoder.feed(body):
                         if sink.finished:
                             break
-                        text = sink.frame(event_type, data)
-                        if text is None:
-                            await sink.sse_event(event_type, data)
+                        framed = sink.frame(event_type, data)
+                        if isinstance(framed, str):
+                            await sink.send_text(framed)
                         else:
-                            await sink.send_text(text)
+                            await sink.handler_event(framed)
                 except ClientGone:
                     self._client_gone = True
                     raise
@@ -196,6 +198,7 @@ class HandlerCall:
             for name, value in message.get("headers", ()):
                 if name.lower() == b"content-type":
                     content_type = value.lower()
+            self._content_type = content_type
             self._streaming = self.status < 300 and content_type.startswith(b"text/event-stream")
         # Other messages (trailers, extensions we did not offer) carry nothing for the client.
 
@@ -203,15 +206,23 @@ class HandlerCall:
         if self.sink.finished:
             return
         if self.status is None:
+            logger.warning("the handler returned without answering a WebSocket mode turn")
             await self.sink.event(server_error("The handler returned without answering."))
             return
         if self._streaming:
+            logger.warning("the handler's event stream ended before a terminal event")
             await self.sink.event(
                 server_error("The handler's event stream ended before a terminal event.")
             )
             return
         body = b"".join(self._buffer)
         if self.status >= 300:
+            if self.status >= 500:
+                logger.warning(
+                    "the handler answered a WebSocket mode turn with HTTP %d: %s",
+                    self.status,
+                    body[:200].decode("utf-8", "replace"),
+                )
             await self.sink.event(_error_from_answer(self.status, body))
             return
         try:
@@ -224,6 +235,11 @@ class HandlerCall:
             and not isinstance(response.get("output"), list)
         ):
             # An error body sent with a 2xx status is still an error.
+            logger.warning(
+                "the handler answered HTTP %d with an error body: %s",
+                self.status,
+                body[:200].decode("utf-8", "replace"),
+            )
             await self.sink.event(_error_from_answer(500, body))
             return
         if not (
@@ -231,6 +247,13 @@ class HandlerCall:
             and isinstance(response.get("id"), str)
             and isinstance(response.get("output", []), list)
         ):
+            logger.warning(
+                "the handler answered HTTP %d with %s, neither an event stream "
+                "(text/event-stream) nor a response object (application/json): %s",
+                self.status,
+                self._content_type.decode("latin-1") or "no content-type",
+                body[:200].decode("utf-8", "replace"),
+            )
             await self.sink.event(
                 server_error("The handler answered with neither an event stream nor a response.")
             )

@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import logs
 from .auth import AuthenticationFailed, Authenticator, authenticate, failure_code
 from .connection import Connection
 from .errors import ConfigError
@@ -160,6 +161,7 @@ class WebSocketModeMiddleware:
         self._draining = False
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
+        logs.install()
         self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
 
     async def drain(self, grace: float | None = None) -> None:
@@ -206,7 +208,11 @@ class WebSocketModeMiddleware:
             )
             return
         if self.connections >= self.settings.limits.max_connections:
-            logger.warning("refusing a WebSocket mode connection: %d are open", self.connections)
+            logger.warning(
+                "refusing a WebSocket mode connection: %d open, Limits.max_connections is %d",
+                self.connections,
+                self.settings.limits.max_connections,
+            )
             await self._refuse(
                 scope,
                 send,
@@ -270,6 +276,7 @@ class WebSocketModeMiddleware:
         """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
         response extension; servers without it get a close before accept (they answer 403)."""
         self.stats.connections_refused += 1
+        logs.refused_here()
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
             return
