@@ -10,28 +10,45 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..tools.measure import format_seconds
 from .forward import ForwardResult
 from .options import MODES
 from .run import BenchReport, ModeSummary
 
+if TYPE_CHECKING:
+    from .proxy import ProxyReport
+
 __all__ = [
     "GOAL_CACHE_AWARE",
     "GOAL_DROP_IN",
     "GOAL_FLAT",
-    "GOAL_FORWARD",
+    "GOAL_FORWARD_CPU",
+    "GOAL_FORWARD_OWN_US",
+    "GOAL_PROXY_FIXED_MS",
+    "GOAL_PROXY_LINK",
+    "GOAL_PROXY_LOOPBACK",
+    "GOAL_PROXY_MARK_MS",
     "Goal",
     "goal_lines",
     "measured_goals",
     "percent",
+    "proxy_goals",
 ]
 
-GOAL_CACHE_AWARE: Final = 0.30
+GOAL_CACHE_AWARE: Final = 0.10
 GOAL_FLAT: Final = 1.20
-GOAL_DROP_IN: Final = 0.60
-GOAL_FORWARD: Final = 0.67
+GOAL_DROP_IN: Final = 0.95
+#: ws_mode's own CPU per forwarded event, in microseconds (in-process, no socket).
+GOAL_FORWARD_OWN_US: Final = 1.5
+#: The server's CPU per event through the middleware over the bare socket's.
+GOAL_FORWARD_CPU: Final = 1.5
+# ``--proxy`` (ws_mode.bench.proxy): the proxy's CPU per turn in ms, and end-to-end ratios.
+GOAL_PROXY_FIXED_MS: Final = 1.0
+GOAL_PROXY_MARK_MS: Final = 1.5
+GOAL_PROXY_LOOPBACK: Final = 1.05
+GOAL_PROXY_LINK: Final = 0.60
 
 
 def percent(value: float) -> str:
@@ -89,15 +106,25 @@ def measured_goals(report: BenchReport) -> list[Goal]:
     ]
     forward = report.forward
     if forward is not None:
+        if forward.in_process_cpu:
+            goals.append(
+                Goal(
+                    "event forwarding: ws_mode's own CPU per event (µs, in-process)",
+                    forward.in_process_cpu_per_event * 1e6,
+                    GOAL_FORWARD_OWN_US,
+                    at_most=True,
+                    why=_forward_why(forward),
+                )
+            )
         goals.append(
             Goal(
-                "event forwarding / bare WebSocket's throughput",
-                forward.ratio,
-                GOAL_FORWARD,
-                at_most=False,
+                "event forwarding: server CPU per event / the bare WebSocket's",
+                1 / forward.cpu_ratio if forward.cpu_ratio else math.nan,
+                GOAL_FORWARD_CPU,
+                at_most=True,
                 detail=f"server CPU per event: bare {format_seconds(forward.bare_cpu_per_event)}, "
-                f"middleware {format_seconds(forward.middleware_cpu_per_event)}, "
-                f"ratio {forward.cpu_ratio:.2f}"
+                f"middleware {format_seconds(forward.middleware_cpu_per_event)}; "
+                f"throughput {forward.ratio:.2f} of bare"
                 if forward.bare_cpu and forward.middleware_cpu
                 else "",
                 why=_forward_why(forward),
@@ -111,10 +138,11 @@ def _forward_why(forward: ForwardResult) -> str:
         return ""
     return (
         f"ws_mode's own work is {format_seconds(forward.in_process_cpu_per_event)} per event "
-        "(measured in-process with a send that does nothing: the handler's ASGI send, SSE "
-        "decoding, the event's checks, Connection.send_text); uvicorn's frame send, which the "
-        f"bare endpoint pays too, is the rest ({format_seconds(forward.bare_cpu_per_event)} per "
-        "event there)"
+        "(measured in-process with a server send that does nothing, less the handler's own "
+        "work: the handler's ASGI send, SSE decoding, the event's JSON check, "
+        "Connection.send_text, each an interpreted Python call); the server's frame send, "
+        "which the bare endpoint pays too, is the rest "
+        f"({format_seconds(forward.bare_cpu_per_event)} per event there)"
     )
 
 
@@ -146,3 +174,68 @@ def goal_lines(goals: list[Goal]) -> list[str]:
         if not goal.met and goal.why:
             lines.append(f"    why: {goal.why}")
     return lines
+
+
+def proxy_goals(report: ProxyReport) -> list[Goal]:
+    """The ``--proxy`` goals, measured on the zero-cost model: the proxy's CPU per turn early
+    (its fixed cost) and at 100 KB of history, in ms; the socket through the proxy against
+    direct HTTP end-to-end, on loopback or, with ``--link``, through the link."""
+    direct = report.summary(0.0, "direct")
+    socket = report.summary(0.0, "ws_proxy")
+    mark = "" if report.mark_turn is None else f", from turn {report.mark_turn}"
+    why_cpu = (
+        "the proxy's CPU per turn is ws_mode's turn on the socket plus the proxy's HTTP call "
+        "upstream and its forwarding of the events; ws-mode bench --proxy --profile DIR "
+        "writes DIR/proxy-*.pstats to see where it goes"
+    )
+    goals = [
+        Goal(
+            "proxy fixed cost: its CPU per turn, early turns, WS via proxy (ms, zero cost)",
+            _ms(socket.proxy_cpu_early),
+            GOAL_PROXY_FIXED_MS,
+            at_most=True,
+            detail="HTTP via proxy: "
+            + format_seconds(report.summary(0.0, "http_proxy").proxy_cpu_early),
+            why=why_cpu,
+        ),
+        Goal(
+            f"proxy CPU per turn at 100 KB of history{mark}, WS via proxy (ms, zero cost)",
+            _ms(socket.proxy_cpu_mark) if report.mark_reached else math.nan,
+            GOAL_PROXY_MARK_MS,
+            at_most=True,
+            why=why_cpu
+            if report.mark_reached
+            else "no tool-call turn's history reached 100 KB: make --turns larger",
+        ),
+    ]
+    ratio = socket.row.end_to_end / direct.row.end_to_end
+    added = report.added(0.0, "ws_proxy")
+    why = (
+        f"the proxy added {format_seconds(added[0])} per turn early and {format_seconds(added[1])} "
+        f"late; its CPU per rollout was {format_seconds(socket.proxy_cpu)}"
+    )
+    if report.link is None:
+        goals.append(
+            Goal(
+                "WS via proxy end-to-end / direct HTTP's (loopback, zero cost)",
+                ratio,
+                GOAL_PROXY_LOOPBACK,
+                at_most=True,
+                why=why,
+            )
+        )
+    else:
+        goals.append(
+            Goal(
+                f"WS via proxy end-to-end / direct HTTP's (link {report.link}, zero cost)",
+                ratio,
+                GOAL_PROXY_LINK,
+                at_most=True,
+                why=why,
+            )
+        )
+    return goals
+
+
+def _ms(seconds: float | None) -> float:
+    return math.nan if seconds is None else seconds * 1000

@@ -18,10 +18,10 @@ from typing import Any
 
 from ..tools.measure import format_bytes, format_seconds
 from .goals import goal_lines, measured_goals, percent
-from .options import speed_key, speed_label
+from .options import BenchOptions, speed_key, speed_label
 from .run import BenchReport, ModeSummary, windows
 
-__all__ = ["format_report", "plot", "report_json", "save"]
+__all__ = ["format_ratio", "format_report", "link_line", "plot", "report_json", "save", "table"]
 
 
 def report_json(report: BenchReport) -> dict[str, Any]:
@@ -29,7 +29,8 @@ def report_json(report: BenchReport) -> dict[str, Any]:
     ``options.check``, the goals."""
     forward = report.forward
     data: dict[str, Any] = {
-        "options": asdict(report.options),
+        "options": report.options.public(),
+        "link": link_line(report.options),
         "seconds": report.seconds,
         "summaries": {
             speed_key(speed): [{**asdict(row), "growth": row.growth} for row in rows]
@@ -51,6 +52,12 @@ def report_json(report: BenchReport) -> dict[str, Any]:
     return data
 
 
+def link_line(options: BenchOptions) -> str | None:
+    """The link the run modelled, for people (None without ``--link``)."""
+    spec = options.link_spec()
+    return None if spec is None else spec.describe()
+
+
 def save(report: BenchReport) -> None:
     """Write what the options ask for: the plot (``plot``), the JSON (``json``)."""
     options = report.options
@@ -67,13 +74,15 @@ def _count(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.0f}"
 
 
-def _ratio(value: float | None, reference: float | None, digits: int = 2) -> str:
+def format_ratio(value: float | None, reference: float | None, digits: int = 2) -> str:
+    """``value / reference`` with ``digits`` decimals; ``-`` when either is missing."""
     if value is None or reference is None or not reference or math.isnan(value):
         return "-"
     return f"{value / reference:.{digits}f}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """A table as lines: the first column left-aligned, the others right-aligned."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
@@ -90,12 +99,12 @@ def _speed_tables(rows: Sequence[ModeSummary]) -> list[str]:
         [
             row.label,
             format_seconds(row.end_to_end),
-            _ratio(row.end_to_end, http.end_to_end),
+            format_ratio(row.end_to_end, http.end_to_end),
             format_seconds(row.early),
             format_seconds(row.late),
             f"{row.growth:.2f}",
             format_bytes(row.bytes_sent),
-            _ratio(row.bytes_sent, http.bytes_sent, 3),
+            format_ratio(row.bytes_sent, http.bytes_sent, 3),
         ]
         for row in rows
     ]
@@ -104,16 +113,16 @@ def _speed_tables(rows: Sequence[ModeSummary]) -> list[str]:
             row.label,
             format_bytes(row.handler_bytes),
             format_seconds(row.handler_cpu),
-            _ratio(row.handler_cpu, http.handler_cpu),
+            format_ratio(row.handler_cpu, http.handler_cpu),
             _count(row.tokens_rendered),
             format_seconds(row.server_cpu),
-            _ratio(row.server_cpu, http.server_cpu),
+            format_ratio(row.server_cpu, http.server_cpu),
             format_bytes(row.peak_rss),
         ]
         for row in rows
     ]
     return [
-        *_table(
+        *table(
             [
                 "mode",
                 "end-to-end",
@@ -127,7 +136,7 @@ def _speed_tables(rows: Sequence[ModeSummary]) -> list[str]:
             timing,
         ),
         "",
-        *_table(
+        *table(
             [
                 "mode",
                 "handler parsed",
@@ -147,10 +156,10 @@ def _breakdown(rows: Sequence[ModeSummary]) -> list[str]:
     """Where one rollout's time went at zero cost: the handler's CPU, the rest of the
     server's CPU (uvicorn, ws_mode, the middleware's renderer), and what is left (the client,
     loopback, scheduling). Meaningful with one rollout at a time, when nothing overlaps."""
-    table = []
+    cells = []
     for row in rows:
         handler = row.handler_cpu or 0.0
-        table.append(
+        cells.append(
             [
                 row.label,
                 format_seconds(row.end_to_end),
@@ -163,7 +172,7 @@ def _breakdown(rows: Sequence[ModeSummary]) -> list[str]:
         )
     return [
         "  Where the time went (per rollout):",
-        *_table(
+        *table(
             [
                 "mode",
                 "end-to-end",
@@ -171,10 +180,10 @@ def _breakdown(rows: Sequence[ModeSummary]) -> list[str]:
                 "rest of server CPU",
                 "outside the server",
             ],
-            table,
+            cells,
         ),
         "  rest of server CPU: uvicorn, ws_mode, the middleware's renderer; outside the server: "
-        "the client, loopback, scheduling.",
+        "the client, loopback (and the link, with --link), scheduling.",
     ]
 
 
@@ -229,6 +238,12 @@ def format_report(report: BenchReport) -> list[str]:
         "sent. handler: the reference server's own work (parse, render, digest, encode). "
         "server: the whole server process (uvicorn, ws_mode, handler).",
     ]
+    link = link_line(options)
+    if link is not None:
+        lines.append(
+            f"Link: every mode's client reaches the server through a relay modelling {link} "
+            "(the forwarding microbenchmark and the stats routes go straight to it)."
+        )
     for speed, rows in report.summaries.items():
         lines += ["", speed_label(speed, options.time_to_first_token), *_speed_tables(rows)]
         if speed == 0 and options.concurrency == 1:
@@ -248,7 +263,7 @@ def format_report(report: BenchReport) -> list[str]:
             f"Event forwarding: {forward.events:,} response.output_text.delta events "
             f"({forward.batch} per handler body chunk) to a websockets client, median of "
             f"{len(forward.bare_rates)}",
-            *_table(
+            *table(
                 ["endpoint", "events/s", "server CPU/event"],
                 [
                     [

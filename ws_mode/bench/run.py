@@ -1,35 +1,33 @@
 """One ``ws-mode bench`` run: the server in its own process, the rollouts, their medians.
 
 :func:`run_bench` starts the benchmark server (:mod:`ws_mode.bench.server`, through
-:func:`server_process`), runs every mode (:data:`~ws_mode.bench.options.MODES`) at every model
-speed, interleaved and repeated after a warm-up, and the forwarding microbenchmark
-(:mod:`ws_mode.bench.forward`); :func:`summarize` turns each mode's samples into the medians
+:func:`server_process`), with ``--link`` a relay in front of it for the clients
+(:func:`~ws_mode.bench.control.linked`), runs every mode
+(:data:`~ws_mode.bench.options.MODES`) at every model speed, interleaved and repeated after
+a warm-up, and the forwarding microbenchmark (:mod:`ws_mode.bench.forward`, straight to the
+server); :func:`summarize` turns each mode's samples into the medians
 of a :class:`ModeSummary`; the result is a :class:`BenchReport`. The clients are the tools'
 (:mod:`ws_mode.tools.rollout`, :mod:`ws_mode.tools.http_client`). Needs the ``cli`` extra.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ..tools.loopback import ServerStartError
-from ..tools.loopback import server_process as loopback_process
 from ..tools.measure import median, median_present
+from .control import ServerControl, linked, server_process
 from .forward import ForwardError, ForwardResult, forwarding_cost_in_process, run_forward
 from .options import MODES, BenchError, BenchOptions, Mode, speed_key, speed_label
-from .server import PROFILE_PATH, STATS_PATH, ServerSpec, mode_path
+from .server import ServerSpec, mode_path
 
 if TYPE_CHECKING:
-    from ..tools.http_client import HttpClient
     from ..tools.rollout import RolloutResult
 
 __all__ = [
@@ -37,71 +35,15 @@ __all__ = [
     "ModeSummary",
     "Sample",
     "ServerControl",
+    "rotated",
     "run_bench",
     "server_process",
     "summarize",
     "windows",
 ]
 
-SERVER_START_SECONDS: Final = 60.0
 WINDOW: Final = 3
 """Turns in the early and late windows (fewer on short rollouts)."""
-
-
-# ----------------------------------------------------------------------------- the server
-
-
-@contextlib.contextmanager
-def server_process(spec: ServerSpec, *, python: str = sys.executable) -> Iterator[str]:
-    """Run :mod:`ws_mode.bench.server` in a subprocess on a loopback socket bound here; yield
-    its origin. The process is terminated (killed if it lingers) when the block exits."""
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(
-                loopback_process(
-                    "ws_mode.bench.server",
-                    ["--spec", spec.to_json()],
-                    python=python,
-                    ready_path=STATS_PATH,
-                    start_timeout=SERVER_START_SECONDS,
-                )
-            )
-        except ServerStartError as exc:
-            raise BenchError(f"the benchmark server {exc}") from exc
-        yield server.base_url
-
-
-class ServerControl:
-    """The benchmark server's stats and profile routes."""
-
-    def __init__(self, base_url: str, profile: bool) -> None:
-        from ..tools.http_client import HttpClient
-
-        self.client: HttpClient = HttpClient(base_url, timeout=30.0)
-        self.profile = profile
-
-    def reset(self) -> dict[str, Any]:
-        """Reset the reference counters and the peak RSS; the stats as they were."""
-        return self.client.post_json(STATS_PATH)
-
-    def read(self) -> dict[str, Any]:
-        return self.client.get_json(STATS_PATH)
-
-    def start_profile(self, name: str) -> None:
-        if self.profile:
-            self.client.post_json(PROFILE_PATH, {"action": "start", "name": name})
-
-    def stop_profile(self) -> None:
-        if self.profile:
-            self.client.post_json(PROFILE_PATH, {"action": "stop"})
-
-    def dump_profiles(self, directory: str) -> list[str]:
-        answer = self.client.post_json(PROFILE_PATH, {"action": "dump", "dir": directory})
-        files: list[str] = answer["files"]
-        return files
-
-    def close(self) -> None:
-        self.client.close()
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -295,7 +237,8 @@ class BenchReport:
         return next(row for row in self.summaries[speed] if row.mode == mode)
 
 
-def _rotated(modes: Sequence[Mode], repetition: int) -> list[Mode]:
+def rotated(modes: Sequence[Mode], repetition: int) -> list[Mode]:
+    """``modes`` in the order of ``repetition``: rotated by one each repetition."""
     shift = repetition % len(modes)
     return [*modes[shift:], *modes[:shift]]
 
@@ -322,6 +265,7 @@ def run_bench(
     profiles: list[str] = []
     with (
         server_process(spec) as base_url,
+        linked(options.link_spec(), base_url) as client_url,
         ThreadPoolExecutor(max_workers=max(1, options.concurrency)) as pool,
     ):
         control = ServerControl(base_url, profile=options.profile is not None)
@@ -330,16 +274,16 @@ def run_bench(
                 say(f"{speed_label(speed, options.time_to_first_token)}: warming up")
                 for _ in range(options.warmup):
                     for mode in MODES:
-                        _run_batch(base_url, mode, speed_index, options, pool)
+                        _run_batch(client_url, mode, speed_index, options, pool)
                 for repetition in range(options.repeat):
                     say(
                         f"{speed_label(speed, options.time_to_first_token)}: "
                         f"repetition {repetition + 1}/{options.repeat}"
                     )
-                    for mode in _rotated(MODES, repetition):
+                    for mode in rotated(MODES, repetition):
                         samples.append(
                             _measure(
-                                base_url,
+                                client_url,
                                 mode,
                                 speed_index,
                                 speed,

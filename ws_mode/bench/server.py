@@ -32,7 +32,7 @@ import contextlib
 import cProfile
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,7 +40,7 @@ from typing import Any, Final
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -53,8 +53,11 @@ from .forward import BARE_PATH, FORWARD_HANDLER_PATH, FORWARD_PATH, ForwardHandl
 __all__ = [
     "PROFILE_PATH",
     "STATS_PATH",
+    "Dispatch",
+    "Profiles",
     "ServerSpec",
     "build_bench_app",
+    "control_routes",
     "main",
     "mode_path",
     "process_stats",
@@ -113,7 +116,7 @@ def process_stats() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the app
 
 
-class _Profiles:
+class Profiles:
     """Named cProfile profiles of the server's event loop thread; one runs at a time."""
 
     def __init__(self) -> None:
@@ -121,17 +124,20 @@ class _Profiles:
         self.running: cProfile.Profile | None = None
 
     def start(self, name: str) -> None:
+        """Start (or resume) profile ``name``, stopping the one running."""
         self.stop()
         profile = self.profiles.setdefault(name, cProfile.Profile())
         profile.enable()
         self.running = profile
 
     def stop(self) -> None:
+        """Stop the profile running, if any."""
         if self.running is not None:
             self.running.disable()
             self.running = None
 
     def dump(self, directory: str) -> list[str]:
+        """Write each profile to ``directory/NAME.pstats`` and forget them; the files."""
         self.stop()
         Path(directory).mkdir(parents=True, exist_ok=True)
         written = []
@@ -143,7 +149,7 @@ class _Profiles:
         return written
 
 
-class _Dispatch:
+class Dispatch:
     """Routes by path prefix, leaving ``path`` and ``root_path`` untouched (the middlewares
     match their full paths)."""
 
@@ -159,6 +165,40 @@ class _Dispatch:
                     await app(scope, receive, send)
                     return
         await self.default(scope, receive, send)
+
+
+def control_routes(
+    stats: Callable[[], dict[str, Any]], reset: Callable[[], None]
+) -> list[BaseRoute]:
+    """The routes the bench drives a measured server with: ``STATS_PATH`` (``GET`` answers
+    ``stats()``; ``POST`` answers it, then calls ``reset()`` and resets the peak RSS) and
+    ``PROFILE_PATH`` (start, stop and dump cProfile profiles of the event loop's thread)."""
+    profiles = Profiles()
+
+    async def stats_route(request: Request) -> Response:
+        answer = stats()
+        if request.method == "POST":
+            reset()
+            reset_peak_rss()
+        return JSONResponse(answer)
+
+    async def profile_route(request: Request) -> Response:
+        command = await request.json()
+        action = command.get("action")
+        if action == "start":
+            profiles.start(str(command["name"]))
+            return JSONResponse({"ok": True})
+        if action == "stop":
+            profiles.stop()
+            return JSONResponse({"ok": True})
+        if action == "dump":
+            return JSONResponse({"files": profiles.dump(str(command["dir"]))})
+        return JSONResponse({"error": f"unknown action {action!r}"}, status_code=400)
+
+    return [
+        Route(STATS_PATH, stats_route, methods=["GET", "POST"]),
+        Route(PROFILE_PATH, profile_route, methods=["POST"]),
+    ]
 
 
 def build_bench_app(spec: ServerSpec) -> ASGIApp:
@@ -197,7 +237,7 @@ def build_bench_app(spec: ServerSpec) -> ASGIApp:
         prefixes.append((f"/s{index}/", cache_aware))
 
     forward = WebSocketModeMiddleware(
-        _Dispatch(
+        Dispatch(
             [(FORWARD_HANDLER_PATH, ForwardHandler(spec.forward_events, spec.forward_batch))],
             PlainTextResponse("not found", status_code=404),
         ),
@@ -206,7 +246,6 @@ def build_bench_app(spec: ServerSpec) -> ASGIApp:
         limits=limits,
     )
     bare_frames = forward_frames(spec.forward_events)
-    profiles = _Profiles()
 
     async def bare(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -222,36 +261,13 @@ def build_bench_app(spec: ServerSpec) -> ASGIApp:
             **process_stats(),
         }
 
-    async def stats_route(request: Request) -> Response:
-        answer = stats()
-        if request.method == "POST":
-            for app in references:
-                app.state.reference_stats.reset()
-            reset_peak_rss()
-        return JSONResponse(answer)
+    def reset() -> None:
+        for app in references:
+            app.state.reference_stats.reset()
 
-    async def profile_route(request: Request) -> Response:
-        command = await request.json()
-        action = command.get("action")
-        if action == "start":
-            profiles.start(str(command["name"]))
-            return JSONResponse({"ok": True})
-        if action == "stop":
-            profiles.stop()
-            return JSONResponse({"ok": True})
-        if action == "dump":
-            return JSONResponse({"files": profiles.dump(str(command["dir"]))})
-        return JSONResponse({"error": f"unknown action {action!r}"}, status_code=400)
-
-    tools = Starlette(
-        routes=[
-            Route(STATS_PATH, stats_route, methods=["GET", "POST"]),
-            Route(PROFILE_PATH, profile_route, methods=["POST"]),
-            WebSocketRoute(BARE_PATH, bare),
-        ]
-    )
+    tools = Starlette(routes=[*control_routes(stats, reset), WebSocketRoute(BARE_PATH, bare)])
     prefixes.append(("/forward/v1/", forward))
-    return _Dispatch(prefixes, tools)
+    return Dispatch(prefixes, tools)
 
 
 def _reference_stats(app: Starlette) -> dict[str, Any]:

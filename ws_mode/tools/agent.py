@@ -61,7 +61,13 @@ TurnCallback = Callable[[int, float], None]
 
 
 class RolloutError(Exception):
-    """The rollout could not go on: the server answered an error, or could not be reached."""
+    """The rollout could not go on: the server answered an error, or could not be reached.
+    ``status`` is the HTTP status the server refused with (a request or the socket's
+    handshake), when it did."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -157,14 +163,24 @@ def request_fields(
 class Agent:
     """The client side of the loop: reads each turn's output, runs the tools it asks for."""
 
-    def __init__(self, result: RolloutResult, turns: int, tool_output_bytes: int) -> None:
+    def __init__(
+        self,
+        result: RolloutResult,
+        turns: int,
+        tool_output_bytes: int,
+        follow_ups: Sequence[str] | None = None,
+    ) -> None:
         self.result = result
         self.turns = turns
         self.tool_output_bytes = tool_output_bytes
+        #: With follow-ups, a conversation: each answer before the last turn gets the next
+        #: user message (cycled), and the rollout ends after ``turns`` model calls.
+        self.follow_ups = tuple(follow_ups) if follow_ups is not None else None
+        self.answers = 0
 
     def step(self, response: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """Record a finished turn; return the tool outputs to send next, or None when the
-        model answered."""
+        """Record a finished turn; return the items to send next (the tool outputs, or in a
+        conversation the next user message), or None when the rollout is over."""
         result = self.result
         response_id = response.get("id")
         if not isinstance(response_id, str) or not response_id:
@@ -188,8 +204,14 @@ class Agent:
                     "nor a message"
                 )
             result.answer = "".join(texts)
+            self.answers += 1
+            if self.follow_ups and result.turns < self.turns:
+                prompt = self.follow_ups[(self.answers - 1) % len(self.follow_ups)]
+                return [user_message(prompt)]
             return None
         if result.turns >= self.turns:
+            if self.follow_ups is not None:
+                return None  # a conversation ends after its turns, whatever the model asks
             raise RolloutError(
                 f"the model still asks for a tool after {self.turns} turns; a rollout of "
                 f"{self.turns} turns needs a reference server started with "

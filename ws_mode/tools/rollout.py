@@ -24,13 +24,14 @@ Needs the ``cli`` extra (``pip install "ws-mode[cli]"``) for httpx and websocket
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, Required, TypedDict, Unpack
 
 import httpx
 import orjson
-from websockets.exceptions import InvalidHandshake, InvalidURI
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from .agent import (
     DEFAULT_INSTRUCTIONS,
@@ -48,7 +49,7 @@ from .agent import (
     user_message,
 )
 from .clients import FrameError, SocketClosed, SyncSocket, connect, ends_turn, socket_url
-from .http_client import HttpClient, HttpStatusError, NotAnEventStream
+from .http_client import HttpClient, HttpStatusError, NotAnEventStream, describe_error
 
 __all__ = [
     "DEFAULT_INSTRUCTIONS",
@@ -58,6 +59,7 @@ __all__ = [
     "RolloutOptions",
     "RolloutResult",
     "TurnCallback",
+    "check_socket",
     "run_http",
     "run_rollout",
     "run_socket",
@@ -80,6 +82,10 @@ class RolloutOptions(TypedDict, total=False):
         headers: sent with every request, or on the socket's handshake.
         timeout: seconds to connect, and for each turn (60).
         on_turn: called after each turn (:data:`TurnCallback`).
+        follow_ups: make the rollout a conversation: each time the model answers with a
+            message before ``turns`` model calls, the next of these user messages (cycled) is
+            sent; the rollout then makes exactly ``turns`` calls, ending after the last one
+            whatever the model asked for (None: end at the model's first answer).
     """
 
     turns: Required[int]
@@ -93,6 +99,7 @@ class RolloutOptions(TypedDict, total=False):
     headers: Mapping[str, str] | None
     timeout: float
     on_turn: TurnCallback | None
+    follow_ups: Sequence[str] | None
 
 
 def _start(
@@ -108,7 +115,8 @@ def _start(
         options.get("metadata"),
     )
     result = RolloutResult(mode=mode)
-    return result, Agent(result, options["turns"], size), fields
+    agent = Agent(result, options["turns"], size, options.get("follow_ups"))
+    return result, agent, fields
 
 
 def run_http(base_url: str, **options: Unpack[RolloutOptions]) -> RolloutResult:
@@ -166,7 +174,7 @@ def _post_turn(
                 finished_at = time.perf_counter()
                 terminal = event
     except HttpStatusError as exc:
-        raise RolloutError(f"turn {turn}: the server answered {exc}") from None
+        raise RolloutError(f"turn {turn}: the server answered {exc}", status=exc.status) from None
     except (NotAnEventStream, FrameError) as exc:
         raise RolloutError(f"turn {turn}: {exc}") from None
     if terminal is None:
@@ -190,32 +198,75 @@ def run_socket(base_url: str, **options: Unpack[RolloutOptions]) -> RolloutResul
     prompt = user_message(options.get("prompt", DEFAULT_PROMPT))
     message: dict[str, Any] = {"type": "response.create", **fields, "input": [prompt]}
     started = time.perf_counter()
+    with (
+        _socket_errors(url, timeout),
+        connect(base_url, path, headers=options.get("headers"), open_timeout=timeout) as socket,
+    ):
+
+        def exchange(turn: int) -> tuple[dict[str, Any], int, float]:
+            sent_at = time.perf_counter()
+            size = socket.send(message)  # a text frame, as the protocol requires
+            response = _receive_turn(socket, turn, timeout)
+            return response, size, time.perf_counter() - sent_at
+
+        def advance(response: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+            message.update(previous_response_id=response["id"], input=outputs)
+
+        agent.drive(exchange, advance, options.get("on_turn"), started)
+    return result
+
+
+def check_socket(
+    base_url: str,
+    path: str = DEFAULT_PATH,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Open a WebSocket mode connection like :func:`run_socket` and close it, sending nothing:
+    :class:`RolloutError` (with the ``status`` of a refused handshake) when it cannot open."""
+    url = socket_url(base_url, path)
+    with (
+        _socket_errors(url, timeout),
+        connect(base_url, path, headers=headers, open_timeout=timeout),
+    ):
+        pass
+
+
+@contextlib.contextmanager
+def _socket_errors(url: str, timeout: float) -> Iterator[None]:
+    """The socket's failures as :class:`RolloutError`."""
     try:
-        with connect(
-            base_url, path, headers=options.get("headers"), open_timeout=timeout
-        ) as socket:
-
-            def exchange(turn: int) -> tuple[dict[str, Any], int, float]:
-                sent_at = time.perf_counter()
-                size = socket.send(message)  # a text frame, as the protocol requires
-                response = _receive_turn(socket, turn, timeout)
-                return response, size, time.perf_counter() - sent_at
-
-            def advance(response: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
-                message.update(previous_response_id=response["id"], input=outputs)
-
-            agent.drive(exchange, advance, options.get("on_turn"), started)
+        yield
     except SocketClosed as exc:
         raise RolloutError(f"the server closed the socket at {url}: {exc}") from exc
     except InvalidURI as exc:
         raise RolloutError(f"not a WebSocket URL: {url}") from exc
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        detail = _refusal(exc.response.body)
+        raise RolloutError(
+            f"the server refused the WebSocket at {url}: HTTP {status}{detail}", status=status
+        ) from exc
     except InvalidHandshake as exc:
         raise RolloutError(f"the server refused the WebSocket at {url}: {exc}") from exc
     except TimeoutError as exc:
         raise RolloutError(f"no answer from {url} within {timeout:g} s") from exc
     except OSError as exc:
         raise RolloutError(f"could not connect to {url}: {exc}") from exc
-    return result
+
+
+def _refusal(body: bytes | None) -> str:
+    """What a refused handshake's body says: its error envelope's one line, or its text."""
+    if not body:
+        return ""
+    try:
+        envelope = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return f": {body[:200].decode(errors='replace').strip()}"
+    if isinstance(envelope, dict) and isinstance(envelope.get("error"), dict):
+        return f" ({describe_error(envelope)})"
+    return f": {body[:200].decode(errors='replace').strip()}"
 
 
 def _receive_turn(socket: SyncSocket, turn: int, timeout: float) -> dict[str, Any]:
