@@ -2,9 +2,11 @@
 
 The middleware calls `authenticate(scope)` before accepting a socket. The hook returns the
 principal the connection's turns then carry (`Turn.principal`), or raises
-`AuthenticationFailed` to refuse the upgrade with 401 or 403. With `reauthenticate_seconds`
-the hook runs again, on the same handshake, before a turn once that long has passed (0: before
-every turn), so a revoked credential stops working on open sockets too.
+`AuthenticationFailed` to refuse the upgrade with 401 or 403. A plain function runs in a
+worker thread (`ws_mode.hooks`), so it may use Django's ORM or any blocking call. With
+`reauthenticate_seconds` the hook runs again, on the same handshake, before a turn once that
+long has passed (0: before every turn), so a revoked credential stops working on open sockets
+too.
 
 Browsers cannot set `Authorization` on a WebSocket upgrade; they can offer subprotocols. A
 client may pass its token as a subprotocol `bearer.<token>` next to the protocol it speaks:
@@ -13,14 +15,13 @@ client may pass its token as a subprotocol `bearer.<token>` next to the protocol
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.types import Scope
-
+from .asgi import Scope
 from .errors import WSModeError
+from .hooks import call_hook
 
 __all__ = ["AuthenticationFailed", "Authenticator", "authenticate", "bearer_token"]
 
@@ -63,9 +64,7 @@ async def authenticate(hook: Authenticator, scope: Scope) -> Any:
     """Run the hook on a handshake: the principal, or `AuthenticationFailed` (a hook that
     fails otherwise is logged and refuses with 500)."""
     try:
-        principal = hook(scope)
-        if inspect.isawaitable(principal):
-            principal = await principal
+        principal = await call_hook(hook, scope)
     except AuthenticationFailed:
         raise
     except Exception as exc:

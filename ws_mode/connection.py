@@ -15,8 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
-
+from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
 from .cache import ResponseCache
 from .client_events import (

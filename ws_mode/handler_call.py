@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope
 
+from .asgi import ASGIApp, Message, Receive, Scope
 from .events import lifecycle_events
 from .headers import end_to_end, header
 from .protocol import error_event, server_error

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from starlette.types import Scope
+from .asgi import Scope
 
 __all__ = ["HOP_BY_HOP", "end_to_end", "header"]
 

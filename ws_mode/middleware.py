@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from . import logs
+from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, Authenticator, authenticate, failure_code
 from .connection import Connection
 from .errors import ConfigError

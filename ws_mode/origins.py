@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from starlette.types import Scope
-
+from .asgi import Scope
 from .errors import ConfigError
 from .headers import header
 

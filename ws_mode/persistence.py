@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 import orjson
-from starlette.types import Scope
 
+from .asgi import Scope
 from .auth import bearer_token
 from .cache import CachedResponse, ResponseCache, decoded_size
 from .items import Items

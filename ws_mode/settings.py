@@ -6,8 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from starlette.types import ASGIApp
-
+from .asgi import ASGIApp
 from .auth import Authenticator
 from .limits import Limits
 from .stats import Stats

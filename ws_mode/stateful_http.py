@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.types import Message, Receive, Scope, Send
 
+from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
 from .handler_call import replay_body
 from .items import encode_items

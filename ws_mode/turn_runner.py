@@ -10,7 +10,6 @@ the next turn's path.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import secrets
 import time
@@ -19,12 +18,13 @@ from typing import Any
 
 import orjson
 from cachetools import LRUCache
-from starlette.types import Scope
 
+from .asgi import Scope
 from .cache import CachedResponse, ResponseCache
 from .client_events import CreateEvent
 from .events import ResponseStream, lifecycle_events
 from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
+from .hooks import call_hook
 from .persistence import StoreLink, StoreUnavailable
 from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
@@ -323,9 +323,7 @@ class TurnRunner:
             node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
             hook = self.settings.on_response
             if hook is not None:
-                result = hook(current, response)
-                if inspect.isawaitable(result):
-                    await result
+                await call_hook(hook, current, response)
         except Exception:
             logger.exception("post-response work failed for %s", node.id)
 
