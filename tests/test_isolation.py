@@ -270,9 +270,9 @@ def test_ids_never_resolve_on_another_connection(live: Live, home: str | None) -
                 )
             b.send(type="response.steer", previous_response_id=known["id"], input="Go on")
             expect_steer_failed(b.answer(), "response_not_found", None)
-        # On A both still resolve, and a steer finds them (on their lane).
+        # On A both still resolve, and a steer finds them (on their lane), finished.
         a.send(type="response.steer", previous_response_id=generated["id"], input="Go on")
-        expect_steer_failed(a.answer(), "steering_not_supported", home)
+        expect_steer_failed(a.answer(), "response_already_completed", home)
         follow = a.completed(
             previous_response_id=generated["id"], input=[call_output(generated)], tools=[TOOL]
         )
@@ -294,15 +294,25 @@ def test_an_active_response_is_not_reachable_from_another_connection(live: Live)
         expect_steer_failed(b.answer(), "response_not_found", None)
         b.create(model="sleep", previous_response_id=active, input="More", metadata={"tag": tag})
         expect_error(b.answer(), 400, "previous_response_not_found", "previous_response_id", None)
-        # On its own connection the active response is found (the handler cannot steer).
+        # On its own connection the active response is found and steered: it ends at an
+        # output boundary (or had just finished), and a successor continues it with the input.
         a.send(type="response.steer", previous_response_id=active, input="Go on")
-        events = a.answers(2)
-        assert sorted(event["type"] for event in events) == [
-            "response.completed",
-            "response.steer.failed",
-        ]
-        steer = next(event for event in events if event["type"] == "response.steer.failed")
-        expect_steer_failed(steer, "steering_not_supported", "s")
+        accepted = a.recv()
+        while accepted["type"] not in ("response.steer.accepted", *TERMINAL):
+            accepted = a.recv()
+        assert accepted["type"] == "response.steer.accepted", accepted
+        assert accepted["steer"]["previous_response_id"] == active
+        assert accepted["stream_id"] == "s"
+        ended = a.answer()
+        assert ended["response"]["id"] == active
+        if ended["type"] == "response.incomplete":
+            assert ended["response"]["incomplete_details"] == {"reason": "steered"}
+        else:
+            assert ended["type"] == "response.completed", ended
+        successor = a.answer()
+        assert successor["type"] == "response.completed", successor
+        assert successor["response"]["previous_response_id"] == active
+        assert successor["stream_id"] == "s"
 
 
 def run_chain(client: Client, instructions: str) -> list[dict[str, Any]]:

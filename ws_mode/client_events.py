@@ -23,6 +23,7 @@ __all__ = [
     "SteerEvent",
     "parse_client_event",
     "steer_input_problem",
+    "text_input",
 ]
 
 
@@ -235,7 +236,7 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         )
     raw_input = data.get("input")
     if isinstance(raw_input, str):
-        items = Items([{"role": "user", "content": raw_input}])
+        items = Items(text_input(raw_input))
     else:
         items = Items(raw_input if raw_input is not None else [])
     fields = {
@@ -310,6 +311,11 @@ def _json_type(value: object) -> str:
         dict: "an object",
         type(None): "null",
     }.get(type(value), "another value")
+
+
+def text_input(text: str) -> list[dict[str, Any]]:
+    """A string `input` as the items it stands for: one user message."""
+    return [{"role": "user", "content": text}]
 
 
 _STEER_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})

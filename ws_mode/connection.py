@@ -22,14 +22,14 @@ from .client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
-    steer_input_problem,
 )
 from .frames import parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
 from .persistence import StoreLink, store_scope
-from .protocol import STEER_MESSAGES, encode_event, error_event, steer_failed_event
+from .protocol import encode_event, error_event
 from .settings import Settings
+from .steering import accepted_event
 from .turn_runner import TurnRunner
 
 __all__ = ["Connection"]
@@ -134,7 +134,7 @@ class Connection:
             self._closed = True
             watchdog.cancel()
             await self.lanes.stop()
-            await self.turns.finish_after_response_work()
+            await self.turns.after.finish()
             self.cache.clear()
 
     async def drain(self, grace: float) -> None:
@@ -274,21 +274,21 @@ class Connection:
 
     async def _on_steer(self, steer: SteerEvent) -> None:
         target = steer.previous_response_id
-        node = self.cache.get(target)
-        active = next((s for s in self.turns.streams if s.response_id == target), None)
-        found = node is not None or active is not None
-        lane = node.stream_id if node is not None else active.stream_id if active else None
-        problem = steer_input_problem(steer.input)
-        if problem is not None:
-            code, message = "invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem)
-        elif not found:
-            code = "response_not_found"
-            message = STEER_MESSAGES["response_not_found"].format(id=target)
-        else:
-            code, message = "steering_not_supported", STEER_MESSAGES["steering_not_supported"]
-        await self.send_event(
-            steer_failed_event(code, target, steer.input, message, stream_id=lane)
+        active = next(
+            (s for s in self.turns.streams if s.response_id == target and not s.finished), None
         )
+        node = self.cache.get(target) if active is None else None
+        lane = active.stream_id if active is not None else node.stream_id if node else None
+        result = self.turns.steering.accept(
+            steer, active.inbox if active is not None else None, lane, known=node is not None
+        )
+        if isinstance(result, dict):
+            await self.send_event(result)
+            return
+        assert active is not None  # accepted: the response is streaming
+        event = accepted_event(result, lane)
+        event["sequence_number"] = active.next_sequence_number()
+        await self.send_event(event)
 
     # Requests.
 

@@ -27,6 +27,7 @@ from .protocol import (
     TERMINAL_EVENT_BY_STATUS,
     server_error,
 )
+from .steering import CLIENT_CALLS, SteerInbox
 
 __all__ = ["ResponseStream", "lifecycle_events"]
 
@@ -43,17 +44,22 @@ class ResponseStream:
     """
 
     __slots__ = (
+        "_client_calls",
         "_output_items",
         "_prefix",
         "_sent",
+        "_started",
         "ended",
         "failure",
         "finished",
+        "inbox",
         "on_failed",
         "on_finished",
+        "output",
         "previous_response_id",
         "response_id",
         "send_text",
+        "steered",
         "stream_id",
         "succeeded",
     )
@@ -66,8 +72,17 @@ class ResponseStream:
         previous_response_id: str | None,
         on_finished: Callable[[dict[str, Any], list[dict[str, Any]], int], None],
         on_failed: Callable[[], None],
+        inbox: SteerInbox | None = None,
     ) -> None:
         self.send_text = send_text
+        #: Steering input queued for this response (None: steering is off).
+        self.inbox = inbox
+        #: The response was ended at an output boundary for steering input.
+        self.steered = False
+        #: The finished response's output items (None until it finished well).
+        self.output: list[dict[str, Any]] | None = None
+        self._started: dict[str, Any] | None = None  # the response as `response.created` had it
+        self._client_calls = False  # an item the client must answer is out: never cut
         self.stream_id = stream_id
         self.previous_response_id = previous_response_id
         self.on_finished = on_finished
@@ -100,7 +115,7 @@ class ResponseStream:
             return None
         kind = event.get("type", event_type)
         if kind.__class__ is str and kind in DECODED_EVENTS:
-            if kind != "response.output_item.done":
+            if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
                 event["type"] = kind
                 return event
             self._remember_item(event)
@@ -124,6 +139,12 @@ class ResponseStream:
             await self.event(event)
             return
         await self.event(event, from_handler=True)
+
+    def next_sequence_number(self) -> int:
+        """The sequence number for an event ws_mode sends about this response."""
+        number = self._sent
+        self._sent += 1
+        return number
 
     async def sse_event(self, event_type: str | None, data: bytes) -> None:
         """Forward one event of the handler's SSE stream."""
@@ -151,6 +172,8 @@ class ResponseStream:
                 response["previous_response_id"] = self.previous_response_id
                 if isinstance(response.get("id"), str):
                     self.response_id = response["id"]
+                if self._started is None:
+                    self._started = response
         elif kind == "error":
             event = _nested_error(event)
             if not from_handler or not isinstance(event.get("sequence_number"), int):
@@ -168,10 +191,30 @@ class ResponseStream:
             self._fail(_failure_code(event))
         self._sent += 1
         await self.send_text(text)
+        if kind == "response.output_item.done" and self.inbox is not None and self.inbox.cuts:
+            await self._cut()
+
+    async def _cut(self) -> None:
+        """End the response here for the steering input queued, unless an item the client
+        must answer is out (steering never cancels tools)."""
+        if self._client_calls or self._started is None or self.finished:
+            return
+        output = [self._output_items[index] for index in sorted(self._output_items)]
+        response = {
+            **self._started,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "steered"},
+            "output": output,
+        }
+        self.steered = True
+        cut = {"type": "response.incomplete", "sequence_number": self._sent, "response": response}
+        await self.event(cut)
 
     def _remember_item(self, event: dict[str, Any]) -> None:
         item, index = event.get("item"), event.get("output_index")
         if isinstance(item, dict):
+            if item.get("type") in CLIENT_CALLS:
+                self._client_calls = True
             self._output_items[index if isinstance(index, int) else len(self._output_items)] = item
 
     def _succeed(self, response: Any, size: int) -> None:
@@ -185,7 +228,8 @@ class ResponseStream:
             # A terminal event may omit the output; the finished items hold it.
             output = [self._output_items[index] for index in sorted(self._output_items)]
         self.succeeded = True
-        self.on_finished(response, [item for item in output if isinstance(item, dict)], size)
+        self.output = [item for item in output if isinstance(item, dict)]
+        self.on_finished(response, self.output, size)
 
     def _fail(self, code: str) -> None:
         self.finished = True

@@ -64,6 +64,8 @@ class WebSocketModeMiddleware:
     `previous_response_id` missing from the connection's cache is hydrated from it.
     `stateful_http=True` serves plain HTTP from the same store: `previous_response_id` on
     `POST`, and `GET`/`DELETE {path}/{id}`.
+    `steering` serves `response.steer` (`ws_mode.steering`): the response ends at its next
+    output item and a successor continues with the input; False answers `steering_not_supported`.
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
     HTTP.
     """
@@ -85,6 +87,7 @@ class WebSocketModeMiddleware:
         reauthenticate_seconds: float | None = None,
         store: ResponseStore | None = None,
         stateful_http: bool = False,
+        steering: bool = True,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -118,6 +121,8 @@ class WebSocketModeMiddleware:
                 f"store must be a response store (ws_mode.store.MemoryStore, "
                 f"ws_mode.redis_store.RedisStore), got {store!r}."
             )
+        if not isinstance(steering, bool):
+            raise ConfigError(f"steering must be True or False, got {steering!r}.")
         if stateful_http and store is None:
             raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
         if limits is None:
@@ -146,6 +151,7 @@ class WebSocketModeMiddleware:
             authenticate=authenticate,
             reauthenticate_seconds=reauthenticate_seconds,
             store=store,
+            steering=steering,
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)

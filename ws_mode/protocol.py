@@ -156,7 +156,14 @@ def json_answer(
 STEER_MESSAGES = {
     "invalid_input": "The steering input is invalid: {detail}",
     "response_not_found": "Response with id '{id}' is not available on this connection.",
-    "steering_not_supported": "The handler behind this server cannot steer responses.",
+    "steering_not_supported": "Steering is switched off on this server.",
+    "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
+    "steering input.",
+    "too_many_pending_steers": "Too much steering input is pending for this response (at most "
+    "{limit} submissions).",
+    "response_not_active": "The response ended before the steering input could be applied.",
+    "successor_creation_failed": "The response continuing with the steering input could not "
+    "be created.",
 }
 
 

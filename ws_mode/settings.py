@@ -40,4 +40,7 @@ class Settings:
     authenticate: Authenticator | None = None
     reauthenticate_seconds: float | None = None
     store: ResponseStore | None = None
+    #: Whether `response.steer` is served (`ws_mode.steering`); False answers
+    #: `steering_not_supported`.
+    steering: bool = True
     stats: Stats = field(default_factory=Stats)

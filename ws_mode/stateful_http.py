@@ -24,6 +24,7 @@ import orjson
 
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
+from .client_events import text_input
 from .handler_call import replay_body
 from .items import encode_items
 from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
@@ -120,9 +121,7 @@ class StatefulHTTP:
                 return
             chain = found
         new_input = body.get("input")
-        items = (
-            [{"role": "user", "content": new_input}] if isinstance(new_input, str) else new_input
-        )
+        items = text_input(new_input) if isinstance(new_input, str) else new_input
         items = items if isinstance(items, list) else []
         request = _full_request(body, chain, items)
         writes: list[asyncio.Task[None]] = []

@@ -11,6 +11,7 @@ import orjson
 from .cache import CachedResponse
 from .client_events import CreateEvent
 from .items import Items
+from .steering import SteerInbox
 from .tokens import Tokens
 
 __all__ = ["Turn", "build_body", "tools_digest", "turn"]
@@ -33,6 +34,10 @@ class Turn:
     (`full_context="on_miss"`): only then is anything read back from `artifacts`, so a handler
     serving both ways saves them only when it is True.
 
+    `claim_steering()` and `take_steering()` let a handler take `response.steer` input itself,
+    mid-generation; otherwise the middleware ends the response at its next output item and
+    continues in a successor turn.
+
     With a `renderer`, `prefix_tokens` holds the rendered context before this turn (never
     re-rendered) and `new_tokens` this turn's new input, rendered once.
     """
@@ -48,6 +53,7 @@ class Turn:
         "previous",
         "previous_response_id",
         "principal",
+        "steering",
         "stream_id",
         "tool_artifacts",
         "tools_changed",
@@ -67,6 +73,7 @@ class Turn:
         tool_artifacts: dict[str, Any] | None = None,
         new_tokens: list[int] | None = None,
         principal: Any = None,
+        steering: SteerInbox | None = None,
     ) -> None:
         self.previous = previous
         self._new_input = new_input if isinstance(new_input, Items) else Items(new_input)
@@ -85,6 +92,8 @@ class Turn:
         #: What the middleware's `authenticate` hook returned for this connection.
         self.principal = principal
         self.prefix_tokens: Tokens | None = None
+        #: The steering input queued for this turn's response (None: steering is off).
+        self.steering = steering
         if new_tokens is not None:
             prefix = previous.tokens if previous is not None else None
             self.prefix_tokens = prefix if prefix is not None else Tokens()
@@ -107,6 +116,23 @@ class Turn:
         items = list(self.previous.context_items())
         items.extend(self.new_input)
         return items
+
+    def claim_steering(self) -> bool:
+        """Take this turn's steering input yourself (with :meth:`take_steering`) instead of
+        having the middleware end the response at its next output item and start a successor.
+        False when steering is switched off."""
+        if self.steering is None:
+            return False
+        self.steering.claimed = True
+        return True
+
+    def take_steering(self) -> list[dict[str, Any]]:
+        """The user messages clients steered into this response since the last call, in the
+        order they were sent (empty when there are none). What you take is applied: apply it
+        in this response."""
+        if self.steering is None:
+            return []
+        return [item for steer in self.steering.take() for item in steer.items]
 
     def tokens(self) -> list[int] | None:
         """The rendered tokens of the whole context (prefix then new input), or None without

@@ -19,15 +19,16 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
+from .after_response import AfterResponses
 from .asgi import Scope
 from .cache import CachedResponse, ResponseCache
 from .client_events import CreateEvent
 from .events import ResponseStream, lifecycle_events
 from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
-from .hooks import call_hook
 from .persistence import StoreLink, StoreUnavailable
 from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
+from .steering import Outcome, Steer, SteerInbox, Steering
 from .turn import Turn, build_body, tools_digest
 
 __all__ = ["TurnRunner"]
@@ -36,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 # How many distinct tool sets keep their handler-made artifacts per connection.
 TOOL_SETS = 64
-# How long post-response work may run on after its connection closed.
-AFTER_RESPONSE_GRACE = 5.0
 
 
 class TurnRunner:
@@ -71,11 +70,33 @@ class TurnRunner:
         self._headers = handler_headers(scope)
         self._handler_path = scope.get("root_path", "") + settings.handler_path
         self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
-        self._after: set[asyncio.Task[None]] = set()
+        #: Work that follows responses, off the next turn's path.
+        self.after = AfterResponses(settings)
+        #: `response.steer` input, queued into responses and behind them (`ws_mode.steering`).
+        self.steering = Steering(enabled=settings.steering)
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
-        cache."""
+        cache; then the successors steering input calls for, on the same lane."""
+        create = self.steering.prepend_pending(create)
+        committing: list[Steer] = []
+        while True:
+            inbox = SteerInbox() if self.steering.enabled else None
+            outcome = await self._run_one(create, inbox)
+            if committing and (outcome is None or outcome.response_id is None):
+                await self.steering.not_created(committing, create.stream_id, self._send_event)
+            if outcome is None or inbox is None:
+                return
+            follow = await self.steering.follow(create, outcome, self._send_event)
+            if follow is None:
+                return
+            create, committing = follow
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
+        await self.send_text(encode_event(event))
+
+    async def _run_one(self, create: CreateEvent, inbox: SteerInbox | None) -> Outcome | None:
+        """One turn; how its response ended when it had a steering inbox."""
         previous: CachedResponse | None = None
         forwarded = False
         if create.previous_response_id is not None:
@@ -93,7 +114,7 @@ class TurnRunner:
                         await self.send_error(
                             store_unavailable(create.previous_response_id, exc, create.stream_id)
                         )
-                        return
+                        return None
             if previous is not None:
                 self.stats.bytes_saved += previous.context_bytes
             else:
@@ -102,17 +123,17 @@ class TurnRunner:
                     await self.send_error(
                         not_found(create.previous_response_id, create.stream_id, why)
                     )
-                    return
+                    return None
                 forwarded = True  # the handler resolves the id itself
         try:
-            current, new_fragment, body = self._prepare(create, previous, forwarded)
+            current, new_fragment, body = self._prepare(create, previous, forwarded, inbox)
         except Exception as exc:
             await self.send_error(_unprepared(create, exc))
-            return
+            return None
         if body is None:
             self.stats.warm_ups += 1
             await self._warm_up(create, current, new_fragment)
-            return
+            return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
 
@@ -132,7 +153,7 @@ class TurnRunner:
                 storable=_storable(create),
             )
             self._remember(node, current, output)
-            self._after_response(node, current, response)
+            self.after.start(node, current, response)
 
         def failed() -> None:
             # A failed continuation on the parent's own lane drops the parent
@@ -146,6 +167,7 @@ class TurnRunner:
             previous_response_id=create.previous_response_id,
             on_finished=finished,
             on_failed=failed,
+            inbox=inbox,
         )
         scope = http_scope(
             self.scope,
@@ -168,22 +190,34 @@ class TurnRunner:
                 if stream.failure is not None:
                     self.stats.error(stream.failure)
         if not call.done():
-            # The client has its terminal event; what the handler still does (a background
-            # task, logging) goes on without holding up the lane.
-            self._keep(call)
-            return
-        try:
-            call.result()
-        except ClientGone:
-            raise
-        except Exception:
-            # ws_mode's own fault; the lane and the connection go on.
-            logger.exception("WebSocket mode turn failed")
-            if not stream.finished:
-                await stream.event(server_error("The server failed to run this request."))
+            if stream.steered:
+                call.cancel()  # what the handler would still say was cut off for steering
+                await asyncio.gather(call, return_exceptions=True)
+            else:
+                # The client has its terminal event; what the handler still does (a background
+                # task, logging) goes on without holding up the lane.
+                self.after.keep(call)
+        else:
+            try:
+                call.result()
+            except ClientGone:
+                raise
+            except Exception:
+                # ws_mode's own fault; the lane and the connection go on.
+                logger.exception("WebSocket mode turn failed")
+                if not stream.finished:
+                    await stream.event(server_error("The server failed to run this request."))
+        if inbox is None:
+            return None
+        response_id = stream.response_id if stream.succeeded else None
+        return Outcome(inbox, response_id, stream.output, stream.next_sequence_number())
 
     def _prepare(
-        self, create: CreateEvent, previous: CachedResponse | None, forwarded: bool
+        self,
+        create: CreateEvent,
+        previous: CachedResponse | None,
+        forwarded: bool,
+        inbox: SteerInbox | None,
     ) -> tuple[Turn, bytes, bytes | None]:
         """The turn's Turn, its new items encoded, and the handler's request body (None for a
         warm-up, which calls no handler)."""
@@ -200,6 +234,7 @@ class TurnRunner:
             tool_artifacts=self._tool_artifacts_for(digest),
             principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
+            steering=inbox,
         )
         new_fragment = create.items.fragment
         if not create.generate:
@@ -297,45 +332,7 @@ class TurnRunner:
         self.cache.put(node)
         written = self.store.write(node) if self.store is not None else None
         if written is not None:
-            self._keep(written)  # started now, before the terminal event goes out
-
-    # Work after a response.
-
-    def _after_response(
-        self, node: CachedResponse, current: Turn, response: dict[str, Any]
-    ) -> None:
-        """Start the work that follows a finished response, without waiting for it."""
-        if self.settings.renderer is None and self.settings.on_response is None:
-            return
-        self._keep(asyncio.create_task(self._run_after_response(node, current, response)))
-
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        """Track work that outlives its turn, so the connection can finish it on close."""
-        self._after.add(task)
-        task.add_done_callback(_log_failure)
-        task.add_done_callback(self._after.discard)
-
-    async def _run_after_response(
-        self, node: CachedResponse, current: Turn, response: dict[str, Any]
-    ) -> None:
-        await asyncio.sleep(0)  # let the terminal event go out first
-        try:
-            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
-            hook = self.settings.on_response
-            if hook is not None:
-                await call_hook(hook, current, response)
-        except Exception:
-            logger.exception("post-response work failed for %s", node.id)
-
-    async def finish_after_response_work(self) -> None:
-        """Give work still running after its response a grace period, then cancel it."""
-        if not self._after:
-            return
-        _done, pending = await asyncio.wait(set(self._after), timeout=AFTER_RESPONSE_GRACE)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+            self.after.keep(written)  # started now, before the terminal event goes out
 
 
 def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
@@ -348,14 +345,6 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None and not isinstance(error, ClientGone):
-        logger.error("work after a response failed", exc_info=error)
 
 
 def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:

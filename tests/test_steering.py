@@ -1,0 +1,309 @@
+"""Steering over a real socket with the openai SDK (sync and async): a handler that knows
+nothing of it is cut at an output boundary and continued by a successor; a response waiting
+for tool output keeps the input queued for the client's continuation; a handler may take the
+input itself; every refusal carries its code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from ws_mode import WebSocketModeMiddleware, turn
+from ws_mode.steering import MAX_PENDING_STEERS
+
+from .servers import serve
+
+STEP = 0.002  # seconds between two deltas
+
+
+def _sse(events: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': number})}\n\n"
+        for number, event in enumerate(events)
+    ]
+
+
+def _message(item_id: str, text: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {"type": "message", "id": item_id, "role": "assistant", "status": "completed",
+            "content": [part]}  # fmt: skip
+
+
+class Model:
+    """Scripted handlers; `inputs` records the context each request carried. A response waits
+    after its first events until the test sets `go` (once it has steered), so a slow client
+    cannot miss the response while it streams."""
+
+    def __init__(self) -> None:
+        self.inputs: list[list[dict[str, Any]]] = []
+        self.go = threading.Event()
+
+    async def _wait_go(self) -> None:
+        for _ in range(1000):
+            if self.go.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    async def handle(self, request: Request) -> StreamingResponse:
+        body = await request.json()
+        self.inputs.append(body["input"])
+        number = len(self.inputs)
+        response = {"id": f"resp_{number}", "object": "response", "status": "in_progress",
+                    "model": body["model"], "output": []}  # fmt: skip
+        stream = {"two": self._two, "tool": self._tool, "claim": self._claim}[body["model"]]
+        return StreamingResponse(stream(response, request), media_type="text/event-stream")
+
+    async def _deltas(
+        self, index: int, item: dict[str, Any], words: list[str]
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        yield [{"type": "response.output_item.added", "output_index": index,
+                "item": {**item, "status": "in_progress", "content": []}}]  # fmt: skip
+        await self._wait_go()
+        for word in words:
+            await asyncio.sleep(STEP)
+            yield [{"type": "response.output_text.delta", **where, "delta": word}]
+        yield [{"type": "response.output_item.done", "output_index": index, "item": item}]
+
+    async def _two(self, response: dict[str, Any], request: Request) -> AsyncIterator[str]:
+        # Two message items: a steer cuts the response after the first.
+        n = len(self.inputs)
+        first, second = _message(f"msg_{n}a", "a " * 8), _message(f"msg_{n}b", "b " * 8)
+        events = [{"type": "response.created", "response": response}]
+        for chunk in _sse(events):
+            yield chunk
+        sent = 1
+        for index, item in enumerate((first, second)):
+            async for batch in self._deltas(index, item, ["a "] * 8 if index == 0 else ["b "] * 8):
+                for chunk in _sse(batch):
+                    yield chunk.replace('"sequence_number": 0', f'"sequence_number": {sent}')
+                    sent += 1
+        done = {**response, "status": "completed", "output": [first, second]}
+        yield _sse([{"type": "response.completed", "response": done}])[0]
+
+    async def _tool(self, response: dict[str, Any], request: Request) -> AsyncIterator[str]:
+        n = len(self.inputs)
+        call = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
+                "name": "read_file", "arguments": "{}", "status": "completed"}  # fmt: skip
+        yield _sse([{"type": "response.created", "response": response}])[0]
+        await self._wait_go()  # the call is being written
+        yield _sse([{"type": "response.output_item.done", "output_index": 0, "item": call}])[0]
+        await asyncio.sleep(STEP * 4)
+        done = {**response, "status": "completed", "output": [call]}
+        yield _sse([{"type": "response.completed", "response": done}])[0]
+
+    async def _claim(self, response: dict[str, Any], request: Request) -> AsyncIterator[str]:
+        # A handler that takes steering input itself, mid-generation.
+        current = turn(request)
+        assert current is not None
+        assert current.claim_steering()
+        yield _sse([{"type": "response.created", "response": response}])[0]
+        text = ""
+        for _ in range(1000):
+            await asyncio.sleep(STEP)
+            for item in current.take_steering():
+                text += f"[heard: {item['content']}]"
+            if text and self.go.is_set():
+                break
+        item = _message("msg_claim", text)
+        yield _sse([{"type": "response.output_item.done", "output_index": 0, "item": item}])[0]
+        done = {**response, "status": "completed", "output": [item]}
+        yield _sse([{"type": "response.completed", "response": done}])[0]
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Model, str]]:
+    model = Model()
+    app = WebSocketModeMiddleware(
+        Starlette(routes=[Route("/v1/responses", model.handle, methods=["POST"])])
+    )
+    with serve(app) as base_url:
+        yield model, base_url + "/v1"
+
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+
+
+def test_a_steered_response_ends_at_a_boundary_and_a_successor_continues_it(
+    served: tuple[Model, str],
+) -> None:
+    model, base_url = served
+    client = OpenAI(base_url=base_url, api_key="-")
+    seen: list[Any] = []
+    with client.responses.connect() as connection:
+        connection.response.create(model="two", input="hi")
+        for event in connection:
+            seen.append(event)
+            if event.type == "response.created" and len(seen) == 1:
+                connection.response.steer(input="turn left", previous_response_id=event.response.id)
+            if event.type == "response.steer.accepted":
+                model.go.set()
+            if event.type in TERMINAL and len([e for e in seen if e.type in TERMINAL]) == 2:
+                break
+    kinds = [event.type for event in seen]
+    accepted = next(event for event in seen if event.type == "response.steer.accepted")
+    assert accepted.steer.previous_response_id == "resp_1"
+    assert accepted.steer.id.startswith("steer_")
+    steered = next(event for event in seen if event.type == "response.incomplete")
+    assert steered.response.incomplete_details.reason == "steered"
+    # Cut after the first item: the second never went out, and the output holds the first.
+    assert [item.id for item in steered.response.output] == ["msg_1a"]
+    assert not any(getattr(e, "item_id", None) == "msg_1b" for e in seen)
+    # The successor: created by itself, continuing the steered response with the input.
+    created = [event for event in seen if event.type == "response.created"]
+    assert [event.response.id for event in created] == ["resp_1", "resp_2"]
+    assert created[1].response.previous_response_id == "resp_1"
+    assert kinds[-1] == "response.completed"
+    assert model.inputs[1] == [
+        {"role": "user", "content": "hi"},
+        _message("msg_1a", "a " * 8),
+        {"role": "user", "content": "turn left"},
+    ]
+
+
+@pytest.mark.anyio
+async def test_the_async_sdk_steers_the_same_way(served: tuple[Model, str]) -> None:
+    model, base_url = served
+    client = AsyncOpenAI(base_url=base_url, api_key="-")
+    kinds: list[str] = []
+    async with client.responses.connect() as connection:
+        await connection.response.create(model="two", input="hi")
+        async for event in connection:
+            kinds.append(event.type)
+            if event.type == "response.created" and len(kinds) == 1:
+                await connection.response.steer(input="stop", previous_response_id="resp_1")
+            if event.type == "response.steer.accepted":
+                model.go.set()
+            if kinds.count("response.completed") + kinds.count("response.incomplete") == 2:
+                break
+    assert "response.steer.accepted" in kinds
+    assert kinds.index("response.incomplete") < kinds.index("response.completed")
+    assert model.inputs[1][-1] == {"role": "user", "content": "stop"}
+
+
+def test_input_waits_behind_a_tool_call_and_joins_the_clients_continuation(
+    served: tuple[Model, str],
+) -> None:
+    model, base_url = served
+    client = OpenAI(base_url=base_url, api_key="-")
+    with client.responses.connect() as connection:
+        connection.response.create(model="tool", input="hi")
+        seen = []
+        for event in connection:
+            seen.append(event)
+            if event.type == "response.created":
+                connection.response.steer(input="use b", previous_response_id=event.response.id)
+            if event.type == "response.steer.accepted":
+                model.go.set()
+            if event.type == "response.steer.pending":
+                break
+        kinds = [event.type for event in seen]
+        # Never cut after a call the client must answer: completed, then pending.
+        assert "response.incomplete" not in kinds
+        assert kinds.index("response.completed") < kinds.index("response.steer.pending")
+        pending = seen[-1]
+        assert pending.reason == "waiting_for_required_input"
+        assert [stub.model_dump() for stub in pending.required_input] == [
+            {"call_id": "call_1", "name": "read_file", "type": "function_call_output"}
+        ]
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "A"}
+        connection.response.create(model="two", previous_response_id="resp_1", input=[output])
+        for event in connection:
+            if event.type in TERMINAL:
+                assert event.type == "response.completed"
+                break
+    # The queued input comes first in the continuation, then the client's own.
+    assert model.inputs[1][-2:] == [
+        {"role": "user", "content": "use b"},
+        output,
+    ]
+
+
+def test_a_handler_may_take_the_input_itself(served: tuple[Model, str]) -> None:
+    model, base_url = served
+    client = OpenAI(base_url=base_url, api_key="-")
+    with client.responses.connect() as connection:
+        connection.response.create(model="claim", input="hi")
+        for event in connection:
+            if event.type == "response.created":
+                connection.response.steer(input="faster", previous_response_id=event.response.id)
+            if event.type == "response.steer.accepted":
+                model.go.set()
+            if event.type in TERMINAL:
+                break
+    assert event.type == "response.completed"
+    assert event.response.output_text == "[heard: faster]"
+    assert len(model.inputs) == 1  # no successor: the handler applied it
+
+
+def test_refusals_carry_their_codes(served: tuple[Model, str]) -> None:
+    model, base_url = served
+    client = OpenAI(base_url=base_url, api_key="-")
+    with client.responses.connect() as connection:
+
+        def refusal() -> Any:
+            for event in connection:
+                if event.type == "response.steer.failed":
+                    return event
+            raise AssertionError("no refusal")
+
+        connection.response.steer(input="x", previous_response_id="resp_nope")
+        assert refusal().error.code == "response_not_found"
+        connection.response.create(model="two", input="hi")
+        for event in connection:
+            if event.type == "response.created":
+                break
+        bad = [{"type": "message", "role": "assistant", "content": "no"}]
+        connection.response.steer(input=bad, previous_response_id="resp_1")  # type: ignore[arg-type]
+        failed = refusal()
+        assert failed.error.code == "invalid_input"
+        assert failed.steer.input == bad
+        for _ in range(MAX_PENDING_STEERS + 1):
+            connection.response.steer(input="more", previous_response_id="resp_1")
+        assert refusal().error.code == "too_many_pending_steers"
+        model.go.set()
+        for event in connection:
+            if event.type == "response.completed":
+                break
+        connection.response.steer(input="late", previous_response_id="resp_1")
+        assert refusal().error.code == "response_already_completed"
+
+
+def test_steering_can_be_switched_off() -> None:
+    model = Model()
+    app = WebSocketModeMiddleware(
+        Starlette(routes=[Route("/v1/responses", model.handle, methods=["POST"])]),
+        steering=False,
+    )
+    with serve(app) as base_url:
+        client = OpenAI(base_url=base_url + "/v1", api_key="-")
+        with client.responses.connect() as connection:
+            connection.response.create(model="two", input="hi")
+            kinds = []
+            for event in connection:
+                kinds.append(event.type)
+                if event.type == "response.created":
+                    connection.response.steer(input="x", previous_response_id="resp_1")
+                if event.type == "response.steer.failed":
+                    assert event.error.code == "steering_not_supported"
+                    model.go.set()
+                if event.type in TERMINAL:
+                    break
+    assert "response.steer.failed" in kinds
+    assert kinds[-1] == "response.completed"
+    assert len(model.inputs) == 1
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
