@@ -34,6 +34,7 @@ from tests.integration.clients import sdk_recv, sdk_until_terminal
 from tests.servers import free_port, serve, stop
 from ws_mode import ConfigError, WebSocketModeMiddleware
 from ws_mode.proxy import ResponsesProxy, create_proxy
+from ws_mode.proxy.transport import Transport
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-upstream-test-key"
@@ -214,7 +215,7 @@ def test_repr_and_describe_hide_secrets() -> None:
 def test_lifespan_creates_and_closes_the_client() -> None:
     proxy = create_proxy("http://127.0.0.1:9/v1")
     sent: list[dict[str, Any]] = []
-    clients: list[httpx.AsyncClient] = []
+    transports: list[Transport] = []
 
     async def run() -> None:
         messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
@@ -222,7 +223,7 @@ def test_lifespan_creates_and_closes_the_client() -> None:
         async def receive() -> dict[str, Any]:
             message = next(messages)
             if message["type"] == "lifespan.shutdown":
-                clients.append(proxy.client)  # what startup made
+                transports.append(proxy.transport)  # what startup made
             return message
 
         async def send(message: dict[str, Any]) -> None:
@@ -232,20 +233,49 @@ def test_lifespan_creates_and_closes_the_client() -> None:
 
     asyncio.run(run())
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
-    assert clients[0].is_closed
+    assert transports[0].closed
 
 
-def test_a_client_of_your_own_is_used_and_left_open(storing: str) -> None:
+@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+def test_a_client_of_your_own_is_used_and_left_open(storing: str, kind: str) -> None:
+    if kind == "aiohttp":
+        aiohttp = pytest.importorskip("aiohttp")
+
     async def run() -> tuple[int, bool]:
-        async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as own:
-            proxy = create_proxy(storing + "/v1", client=own)
-            transport = httpx.ASGITransport(app=proxy)
-            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as front:
-                status = (await front.get("/v1/models")).status_code
-            await proxy.aclose()
-            return status, own.is_closed
+        # The key is only in the client's own default headers: a 200 shows it was used.
+        key = {"authorization": f"Bearer {KEY}"}
+        own: Any = aiohttp.ClientSession(headers=key) if kind == "aiohttp" else None
+        own = own or httpx.AsyncClient(headers=key)
+        proxy = create_proxy(storing + "/v1", client=own)
+        transport = httpx.ASGITransport(app=proxy)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as front:
+            status = (await front.get("/v1/models")).status_code
+        await proxy.aclose()
+        closed = bool(own.closed if kind == "aiohttp" else own.is_closed)
+        await (own.close() if kind == "aiohttp" else own.aclose())
+        return status, closed
 
     assert asyncio.run(run()) == (200, False)
+
+
+def test_an_httpx_client_carries_socket_turns_failures_and_departures(storing: str) -> None:
+    # The transport used when aiohttp is not installed, or when an httpx client is passed.
+    own = httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"})
+    try:
+        with proxied(storing + "/v1", client=own) as base, sdk(base) as client:
+            with client.responses.connect() as conn:
+                conn.response.create(model="m", input="hello")
+                assert sdk_until_terminal(conn, timeout=RECV)[-1].type == "response.completed"
+                conn.response.create(model="m", input="hi", metadata={"break_after": "3"})
+                expect_ws_error(sdk_until_terminal(conn, timeout=RECV)[-1], 502, "upstream_error")
+            stream = client.responses.create(
+                model="m", input="hi", metadata={"gap": "0.3"}, stream=True
+            )
+            first = next(iter(stream))
+            stream.close()
+            _wait_aborted(storing, first.response.id)
+    finally:
+        asyncio.run(own.aclose())
 
 
 # ----------------------------------------------------------------------------- over the socket

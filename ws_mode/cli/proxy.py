@@ -77,6 +77,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from ..errors import ConfigError
     from ..proxy import create_proxy
+    from ..proxy.transport import aiohttp_installed
 
     api_key: str | None = args.api_key or os.environ.get(UPSTREAM_KEY_ENV) or None
     try:
@@ -96,11 +97,12 @@ def _proxy(args: argparse.Namespace) -> int:
         store=args.store,
     )
     auth = "the configured key" if api_key else "the client's Authorization"
+    slow = "" if aiohttp_installed() else " (aiohttp is not installed: httpx costs more CPU)"
 
     def banner(origin: str) -> str:
         return (
             f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
-            f"{upstream.describe()} with {auth}; openai SDK: "
+            f"{upstream.describe()} with {auth}{slow}; openai SDK: "
             f'OpenAI(base_url="http://{origin}/v1")'
         )
 

@@ -8,13 +8,14 @@ speaks the HTTP Responses API (vLLM, Ollama, LiteLLM, OpenAI itself)::
 
     app = WebSocketModeMiddleware(create_proxy("http://localhost:8000/v1"))
 
-Every HTTP request is forwarded with httpx, streaming both ways: the request body goes up as
-it arrives, the answer comes down chunk by chunk as the upstream sends it (an SSE stream flows
-event by event). See ``docs/proxy.md`` for the path rule, authentication and limits.
-Needs the ``cli`` extra (httpx): ``pip install "ws-mode[cli]"``.
+Every HTTP request is forwarded with aiohttp (httpx when aiohttp is not installed, or when you
+pass an ``httpx.AsyncClient``), streaming both ways: the request body goes up as it arrives, the
+answer comes down chunk by chunk as the upstream sends it (an SSE stream flows event by event).
+See ``docs/proxy.md`` for the path rule, authentication and limits. Needs the ``cli`` extra
+and aiohttp: ``pip install "ws-mode[cli]" aiohttp``.
 
 The ASGI app is :mod:`ws_mode.proxy.app`; the upstream side (URL, headers, failures) is
-:mod:`ws_mode.proxy.upstream`.
+:mod:`ws_mode.proxy.upstream`; the HTTP clients are :mod:`ws_mode.proxy.transport`.
 """
 
 from ws_mode.proxy.app import API_PREFIX as API_PREFIX

@@ -3,45 +3,76 @@ streams the answer back, both ways at once, and stops the upstream when the clie
 
 Where a request goes (:meth:`ResponsesProxy.url_for`), the headers that cross, and how upstream
 failures reach the client are described in ``docs/proxy.md``; the upstream side of it is
-:mod:`ws_mode.proxy.upstream`.
+:mod:`ws_mode.proxy.upstream`, the HTTP clients :mod:`ws_mode.proxy.transport`.
+
+A request costs one task at most: the forwarding runs in the server's own task, and a watcher
+task (started once the request body has been read) cancels it when the client disconnects. A
+turn of :class:`~ws_mode.WebSocketModeMiddleware` (its scope carries ``extensions["ws_mode"]``)
+needs no watcher: the middleware cancels the call itself when the turn is abandoned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import httpx
-from starlette.types import Message, Receive, Scope, Send
 
+from ws_mode.asgi import Message, Receive, Scope, Send
 from ws_mode.errors import ConfigError
 from ws_mode.headers import end_to_end, header
+from ws_mode.proxy.transport import Transport, UpstreamAnswer, transport_for
 from ws_mode.proxy.upstream import (
-    DEFAULT_LIMITS,
     DEFAULT_TIMEOUT,
     REQUEST_DROPPED,
-    UpstreamFailure,
+    UpstreamError,
     answer_headers,
     check_upstream,
     log_failure,
+    public_url,
 )
 
 __all__ = ["API_PREFIX", "ResponsesProxy", "create_proxy"]
 
 API_PREFIX: Final = "/v1"
 """The client path prefix an upstream URL with a path stands for."""
+_SAFE_PATH: Final = "/:@!$&'()*+,;=~"
+_IDENTITY: Final = (b"accept-encoding", b"identity")
+_EVENT_BOUNDARIES: Final = (b"\n\n", b"\r\r", b"\r\n\r\n")
 
 
 class _Exchange:
-    """One request's progress, shared by the forwarding task and the disconnect watcher."""
+    """One request's progress, shared with the disconnect watcher."""
 
-    __slots__ = ("answered", "body_read")
+    __slots__ = ("answered", "client_left", "task", "watcher")
 
-    def __init__(self) -> None:
-        self.body_read = asyncio.Event()
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
+        self.watcher: asyncio.Task[None] | None = None
         self.answered = False
+        self.client_left = False
+
+    def watch(self, receive: Receive) -> None:
+        """Listen for the client's departure (its request body has been read)."""
+        if self.task is not None and self.watcher is None:
+            self.watcher = asyncio.create_task(self._until_disconnect(receive))
+
+    async def _until_disconnect(self, receive: Receive) -> None:
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:
+            return  # the server's receive() failed: nothing to listen to any more
+        if not self.answered and self.task is not None:
+            self.client_left = True
+            self.task.cancel()  # closes the upstream stream at once
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
 
 
 class _ClientGone(Exception):
@@ -56,9 +87,10 @@ class ResponsesProxy:
     """An ASGI app forwarding every HTTP request to an upstream Responses server.
 
     Made by :func:`create_proxy`. ``url_for(path, query)`` tells where a client path goes.
-    The httpx client is created on lifespan startup (or on the first request when the server
-    runs no lifespan) and closed on lifespan shutdown or by ``await proxy.aclose()``; a client
-    passed in is used as is and never closed by the proxy.
+    The upstream client (an ``aiohttp.ClientSession``; an ``httpx.AsyncClient`` when aiohttp is
+    not installed) is created on lifespan startup (or on the first request when the server runs
+    no lifespan) and closed on lifespan shutdown or by ``await proxy.aclose()``; a client passed
+    in is used as is and never closed by the proxy.
     """
 
     def __init__(
@@ -67,7 +99,7 @@ class ResponsesProxy:
         *,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-        client: httpx.AsyncClient | None = None,
+        client: Any = None,
     ) -> None:
         self.upstream = check_upstream(upstream)
         parts = urlsplit(self.upstream)
@@ -83,9 +115,14 @@ class ResponsesProxy:
                 )
             timeout = httpx.Timeout(float(timeout))
         self.timeout = timeout
-        if client is not None and not isinstance(client, httpx.AsyncClient):
-            raise ConfigError(f"client must be an httpx.AsyncClient, got {type(client).__name__}.")
-        self._client = client
+        if client is not None and not _is_client(client):
+            raise ConfigError(
+                "client must be an aiohttp.ClientSession or an httpx.AsyncClient, "
+                f"got {type(client).__name__}."
+            )
+        self._transport: Transport | None = (
+            None if client is None else transport_for(client, timeout)
+        )
         self._owns_client = client is None
 
     def __repr__(self) -> str:
@@ -94,10 +131,7 @@ class ResponsesProxy:
 
     def describe(self) -> str:
         """The upstream URL without the credentials it may hold, to show or log."""
-        parts = urlsplit(self.upstream)
-        if "@" not in parts.netloc:
-            return self.upstream
-        return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+        return public_url(self.upstream)
 
     # Where requests go.
 
@@ -117,23 +151,28 @@ class ResponsesProxy:
             query = query.decode("latin-1")
         return f"{target}?{query}" if query else target
 
-    # The httpx client.
+    # The upstream client.
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The httpx client requests go through (created now if there is none yet)."""
-        if self._client is None or (self._owns_client and self._client.is_closed):
-            self._client = httpx.AsyncClient(
-                timeout=self.timeout, limits=DEFAULT_LIMITS, follow_redirects=False
-            )
+    def transport(self) -> Transport:
+        """The transport requests go through (its client created now if there is none yet)."""
+        transport = self._transport
+        if transport is None or (self._owns_client and transport.closed):
+            transport = self._transport = transport_for(None, self.timeout)
             self._owns_client = True
-        return self._client
+        return transport
+
+    @property
+    def client(self) -> Any:
+        """The upstream client: an ``aiohttp.ClientSession``, or an ``httpx.AsyncClient``
+        (created now if there is none yet; call it on the server's event loop)."""
+        return self.transport.client
 
     async def aclose(self) -> None:
-        """Close the httpx client if the proxy made it; a later request makes a new one."""
-        if self._owns_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
+        """Close the client if the proxy made it; a later request makes a new one."""
+        if self._owns_client and self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.aclose()
 
     # ASGI.
 
@@ -154,7 +193,7 @@ class ResponsesProxy:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    self.client  # noqa: B018  (create it now, on the server's loop)
+                    self.transport  # noqa: B018  (create the client now, on the server's loop)
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": repr(exc)})
                     return
@@ -165,88 +204,98 @@ class ResponsesProxy:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = _Exchange()
-        forward = asyncio.create_task(self._forward(scope, receive, send, state))
-        watch = asyncio.create_task(_until_disconnect(receive, state))
-        try:
-            await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not forward.done() and state.answered:
-                # The answer went out whole; what is left is closing the upstream response.
-                await asyncio.wait((forward,))
-        finally:
-            for task in (forward, watch):
-                task.cancel()  # a client that left closes the upstream stream at once
-            await asyncio.gather(forward, watch, return_exceptions=True)
-        if forward.done() and not forward.cancelled():
-            error = forward.exception()
-            if error is not None and not isinstance(error, _ClientGone):
-                raise error
-
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, state: _Exchange) -> None:
-        request = await self._request(scope, receive, state)
-        try:
-            response = await self.client.send(request, stream=True)
-        except httpx.RequestError as exc:
-            log_failure(exc, request)
-            await UpstreamFailure.of(exc).send(send)
-            state.answered = True
-            return
-        try:
-            await self._answer(response, send, state)
-        finally:
-            await response.aclose()
-
-    async def _request(self, scope: Scope, receive: Receive, state: _Exchange) -> httpx.Request:
-        path: str = scope["path"]
-        root_path: str = scope.get("root_path", "")
-        if root_path and path.startswith(root_path):
-            path = path[len(root_path) :] or "/"
-        url = self.url_for(quote(path, safe="/:@!$&'()*+,;=~"), scope.get("query_string", b""))
-        headers = end_to_end(scope.get("headers", ()), REQUEST_DROPPED)
-        if self._authorization is not None:
-            headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
-            headers.append((b"authorization", self._authorization))
-        headers.append((b"accept-encoding", b"identity"))
         first = await receive()
         if first["type"] == "http.disconnect":
-            raise _ClientGone
+            return
+        in_process = "ws_mode" in (scope.get("extensions") or ())
+        state = _Exchange(None if in_process else asyncio.current_task())
+        try:
+            await self._forward(scope, first, receive, send, state)
+        except asyncio.CancelledError:
+            if state.client_left and state.task is not None and state.task.uncancel() == 0:
+                return  # our own watcher's doing: the client left
+            raise
+        except _ClientGone:
+            return
+        finally:
+            state.stop()
+
+    async def _forward(
+        self, scope: Scope, first: Message, receive: Receive, send: Send, state: _Exchange
+    ) -> None:
+        method: str = scope["method"]
+        url, headers = self._target(scope)
         chunk: bytes = first.get("body", b"")
         content: bytes | AsyncIterator[bytes]
-        if not first.get("more_body", False):
-            state.body_read.set()
-            content = chunk  # the whole body at once (the middleware's turns): a Content-Length
-        else:
+        if first.get("more_body", False):
             length = header(scope, b"content-length")
             if length is not None:
                 headers.append((b"content-length", length))
             content = _body(chunk, receive, state)
-        return self.client.build_request(scope["method"], url, headers=headers, content=content)
-
-    async def _answer(self, response: httpx.Response, send: Send, state: _Exchange) -> None:
-        headers, decode = answer_headers(response)
-        chunks = response.aiter_bytes() if decode else response.aiter_raw()
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
-        event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
-        tail = b"\n\n"
+        else:
+            content = chunk  # the whole body at once (the middleware's turns): a Content-Length
+            state.watch(receive)
         try:
-            async for chunk in chunks:
-                if chunk:
-                    tail = (tail + chunk)[-4:]
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.RequestError as exc:
-            log_failure(exc, response.request)
-            at_boundary = tail.endswith((b"\n\n", b"\r\r", b"\r\n\r\n"))
-            if not (event_stream and at_boundary):
-                raise _UpstreamBroke(f"the upstream's answer broke off: {exc!r}") from exc
-            # Between two events: end the stream with an error event clients understand.
+            answer = await self.transport.request(method, url, headers, content)
+        except UpstreamError as exc:
+            if state.client_left:
+                raise _ClientGone from exc  # the body's stream stopped: the client left
+            log_failure(exc, method, url)
             state.answered = True
-            body = UpstreamFailure.of(exc).sse_event()
-            await send({"type": "http.response.body", "body": body})
+            await exc.failure.send(send)
             return
+        try:
+            await _answer(answer, send, state, method, url)
+        finally:
+            await answer.close()
+
+    def _target(self, scope: Scope) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """The upstream URL of a request and the headers that go with it."""
+        path: str = scope["path"]
+        root_path: str = scope.get("root_path", "")
+        if root_path and path.startswith(root_path):
+            path = path[len(root_path) :] or "/"
+        url = self.url_for(quote(path, safe=_SAFE_PATH), scope.get("query_string", b""))
+        headers = end_to_end(scope.get("headers", ()), REQUEST_DROPPED)
+        if self._authorization is not None:
+            headers = [(k, v) for k, v in headers if k != b"authorization"]
+            headers.append((b"authorization", self._authorization))
+        headers.append(_IDENTITY)
+        return url, headers
+
+
+async def _answer(
+    answer: UpstreamAnswer, send: Send, state: _Exchange, method: str, url: str
+) -> None:
+    """Stream the upstream's answer to the client, chunk by chunk as it arrives."""
+    headers, decoder = answer_headers(answer.headers)
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    event_stream = any(
+        name == b"content-type" and value.lower().startswith(b"text/event-stream")
+        for name, value in headers
+    )
+    tail = b"\n\n"  # the last bytes sent: is the stream between two events?
+    try:
+        async for chunk in answer.chunks():
+            if decoder is not None:
+                chunk = decoder.decode(chunk)
+            if chunk:
+                tail = chunk[-4:] if len(chunk) >= 4 else (tail + chunk)[-4:]
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if decoder is not None and (rest := decoder.flush()):
+            await send({"type": "http.response.body", "body": rest, "more_body": True})
+    except zlib.error as exc:
+        raise _UpstreamBroke(f"the upstream's compressed answer is corrupt: {exc!r}") from exc
+    except UpstreamError as exc:
+        log_failure(exc, method, url)
+        if not (event_stream and tail.endswith(_EVENT_BOUNDARIES)):
+            raise _UpstreamBroke(f"the upstream's answer broke off: {exc.cause!r}") from exc
+        # Between two events: end the stream with an error event clients understand.
         state.answered = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": exc.failure.sse_event()})
+        return
+    state.answered = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def create_proxy(
@@ -254,7 +303,7 @@ def create_proxy(
     *,
     api_key: str | None = None,
     timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-    client: httpx.AsyncClient | None = None,
+    client: Any = None,
 ) -> ResponsesProxy:
     """An ASGI app forwarding every HTTP request to the Responses server at ``upstream``.
 
@@ -267,12 +316,23 @@ def create_proxy(
     the client's own; when None, the client's ``Authorization`` passes through.
     ``timeout``: seconds (or an ``httpx.Timeout``) for connecting and for each read; an upstream
     that cannot be reached answers 502, one that times out 504, with an OpenAI error body.
-    ``client``: an httpx.AsyncClient of your own (proxies, TLS, limits); the proxy never closes it.
+    ``client``: an ``aiohttp.ClientSession`` or ``httpx.AsyncClient`` of your own (outgoing
+    proxies, TLS, limits, its own timeouts); the proxy never closes it.
     """
     return ResponsesProxy(upstream, api_key=api_key, timeout=timeout, client=client)
 
 
-# The request body and the client's departure.
+def _is_client(client: object) -> bool:
+    if isinstance(client, httpx.AsyncClient):
+        return True
+    try:
+        import aiohttp
+    except ImportError:
+        return False
+    return isinstance(client, aiohttp.ClientSession)
+
+
+# The request body.
 
 
 async def _body(first: bytes, receive: Receive, state: _Exchange) -> AsyncIterator[bytes]:
@@ -282,19 +342,11 @@ async def _body(first: bytes, receive: Receive, state: _Exchange) -> AsyncIterat
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            state.client_left = True
             raise _ClientGone
         chunk: bytes = message.get("body", b"")
         if chunk:
             yield chunk
         if not message.get("more_body", False):
-            state.body_read.set()
-            return
-
-
-async def _until_disconnect(receive: Receive, state: _Exchange) -> None:
-    """Return when the client goes away (listening only once its body has been read)."""
-    await state.body_read.wait()
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
+            state.watch(receive)
             return

@@ -1,17 +1,21 @@
-"""The proxy's dealings with the upstream: its URL, its httpx settings, the headers that may cross,
-and its failures as OpenAI errors (an HTTP error answer, or an SSE ``error`` event mid-stream)."""
+"""The proxy's dealings with the upstream whatever client talks to it: its URL, the headers that
+may cross, compressed answers undone, and its failures as OpenAI errors (an HTTP error answer,
+or an SSE ``error`` event mid-stream). The clients themselves are :mod:`ws_mode.proxy.transport`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
 import httpx
-from starlette.types import Send
 
+from ws_mode.asgi import Send
 from ws_mode.errors import ConfigError
 from ws_mode.headers import end_to_end
 from ws_mode.protocol import error_body, json_answer
@@ -21,10 +25,13 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
     "REQUEST_DROPPED",
+    "BodyDecoder",
+    "UpstreamError",
     "UpstreamFailure",
     "answer_headers",
     "check_upstream",
     "log_failure",
+    "public_url",
 ]
 
 logger = logging.getLogger("ws_mode.proxy")
@@ -36,14 +43,14 @@ DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connect
 """Connections to the upstream: a proxy holds one per response being streamed."""
 
 REQUEST_DROPPED: Final = (b"host", b"content-length", b"accept-encoding", b"expect")
-"""Request headers the proxy sets itself besides the hop-by-hop ones (`ws_mode.headers`): httpx
-sets `host` and the body's length, the upstream is asked for an uncompressed answer, and `expect`
-was the front server's business."""
+"""Request headers the proxy sets itself besides the hop-by-hop ones (`ws_mode.headers`): the
+client sets `host` and the body's length, the upstream is asked for an uncompressed answer, and
+`expect` was the front server's business."""
 # Response headers the front server sets itself (it would send them twice otherwise).
 _RESPONSE_DROPPED: Final = (b"date", b"server")
-# Encodings httpx decodes without optional packages: an upstream that compresses in spite of
-# `accept-encoding: identity` has these undone, so an event stream stays readable.
-_DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
+# Encodings the proxy undoes (zlib, no optional package): an upstream that compresses in spite
+# of `accept-encoding: identity` has these undone, so an event stream stays readable.
+_WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
 
 
 def check_upstream(upstream: object) -> str:
@@ -60,24 +67,75 @@ def check_upstream(upstream: object) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
-# Headers.
+def public_url(url: str) -> str:
+    """``url`` without the credentials it may hold, to show or log."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
-def answer_headers(response: httpx.Response) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """The upstream answer's headers to send to the client, and whether its body is to be
-    decompressed (an upstream that compressed anyway, with an encoding httpx undoes)."""
-    headers = end_to_end(response.headers.raw, _RESPONSE_DROPPED)
-    encodings = [
-        value.strip().lower()
-        for value in response.headers.get("content-encoding", "").split(",")
-        if value.strip() and value.strip().lower() != "identity"
-    ]
-    decode = bool(encodings) and all(value in _DECODED for value in encodings)
-    if decode:
-        # Undone here, so the sizes and encoding change.
-        dropped = (b"content-encoding", b"content-length")
-        headers = [(k, v) for k, v in headers if k.lower() not in dropped]
-    return headers, decode
+# Headers and bodies.
+
+
+def answer_headers(
+    raw: Iterable[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], BodyDecoder | None]:
+    """The upstream answer's headers to send to the client, and the decoder its body goes
+    through when the upstream compressed it anyway with encodings the proxy undoes (gzip,
+    deflate); other encodings pass through untouched, with their headers."""
+    headers = end_to_end(raw, _RESPONSE_DROPPED)
+    encodings: list[str] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            encodings += [
+                token
+                for token in (part.strip().lower() for part in value.decode("latin-1").split(","))
+                if token and token != "identity"
+            ]
+    if not encodings or not all(token in _WBITS for token in encodings):
+        return headers, None
+    # Undone here, so the sizes and encoding change.
+    dropped = (b"content-encoding", b"content-length")
+    return [(k, v) for k, v in headers if k not in dropped], BodyDecoder(encodings)
+
+
+class BodyDecoder:
+    """Undoes a chain of gzip/deflate content encodings, chunk by chunk (the last encoding
+    applied is undone first). ``deflate`` is zlib-wrapped, or raw as some servers send it."""
+
+    def __init__(self, encodings: Iterable[str]) -> None:
+        self._wbits = [_WBITS[token] for token in reversed(list(encodings))]
+        self._stages = [_decompressor(bits) for bits in self._wbits]
+        self._started = [False] * len(self._stages)
+
+    def decode(self, chunk: bytes) -> bytes:
+        """The decoded bytes of ``chunk`` (possibly none yet)."""
+        for index, stage in enumerate(self._stages):
+            if not chunk:
+                return b""
+            try:
+                chunk = stage.decompress(chunk)
+            except zlib.error:
+                if self._started[index] or self._wbits[index] != 0:
+                    raise
+                # A raw deflate stream (no zlib header): start again without one.
+                self._stages[index] = stage = zlib.decompressobj(-zlib.MAX_WBITS)
+                chunk = stage.decompress(chunk)
+            self._started[index] = True
+        return chunk
+
+    def flush(self) -> bytes:
+        """What is left once the body has ended."""
+        chunk = b""
+        for stage in self._stages:
+            chunk = (stage.decompress(chunk) if chunk else b"") + stage.flush()
+        return chunk
+
+
+def _decompressor(wbits: int) -> zlib._Decompress:
+    # deflate: a zlib header (MAX_WBITS) is expected; raw deflate is caught on the first chunk.
+    return zlib.decompressobj(wbits or zlib.MAX_WBITS)
 
 
 # Failures.
@@ -93,18 +151,23 @@ class UpstreamFailure:
     message: str
 
     @classmethod
-    def of(cls, exc: httpx.RequestError) -> UpstreamFailure:
-        """502 for an upstream that cannot be reached or fails, 504 for one that is too slow."""
-        name = type(exc).__name__
-        if isinstance(exc, httpx.TimeoutException):
-            message = f"The upstream Responses server did not answer in time ({name})."
-            return cls(504, "upstream_timeout", message)
-        if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol):
-            message = f"The upstream Responses server could not be reached ({name})."
-            return cls(502, "upstream_unreachable", message)
-        return cls(
-            502, "upstream_error", f"The upstream Responses server failed to answer ({name})."
-        )
+    def timeout(cls, name: str) -> UpstreamFailure:
+        """504: the upstream did not connect, or did not answer, in time (``name``: what the
+        client library raised)."""
+        message = f"The upstream Responses server did not answer in time ({name})."
+        return cls(504, "upstream_timeout", message)
+
+    @classmethod
+    def unreachable(cls, name: str) -> UpstreamFailure:
+        """502: the upstream could not be reached."""
+        message = f"The upstream Responses server could not be reached ({name})."
+        return cls(502, "upstream_unreachable", message)
+
+    @classmethod
+    def broken(cls, name: str) -> UpstreamFailure:
+        """502: the upstream failed while answering (a broken connection or answer)."""
+        message = f"The upstream Responses server failed to answer ({name})."
+        return cls(502, "upstream_error", message)
 
     def sse_event(self) -> bytes:
         """The failure as an SSE ``error`` event (OpenAI's flat HTTP stream shape), to end an
@@ -127,8 +190,16 @@ class UpstreamFailure:
                 await send(message)
 
 
-def log_failure(exc: httpx.RequestError, request: httpx.Request) -> None:
+class UpstreamError(Exception):
+    """A request to the upstream failed (its client library's error is the ``__cause__``)."""
+
+    def __init__(self, failure: UpstreamFailure, cause: BaseException) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.cause = cause
+
+
+def log_failure(error: UpstreamError, method: str, url: str) -> None:
     """Log a failed upstream request for the operator: its address goes here, never to the
     client."""
-    url = request.url.copy_with(username=None, password=None)
-    logger.warning("proxying %s %s failed: %r", request.method, url, exc)
+    logger.warning("proxying %s %s failed: %r", method, public_url(url), error.cause)
