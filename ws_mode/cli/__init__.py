@@ -2,8 +2,9 @@
 
 One module per command: :mod:`~ws_mode.cli.serve` (the reference server in WebSocket mode),
 :mod:`~ws_mode.cli.demo` (one rollout over HTTP and over the socket, side by side),
-:mod:`~ws_mode.cli.bench` (the benchmark) and :mod:`~ws_mode.cli.proxy` (WebSocket mode in front
-of a remote Responses server); :mod:`~ws_mode.cli.common` holds what they share. Needs the
+:mod:`~ws_mode.cli.bench` (the benchmark), :mod:`~ws_mode.cli.proxy` (WebSocket mode in front
+of a remote Responses server) and :mod:`~ws_mode.cli.check` (WebSocket mode's checks against a
+live endpoint); :mod:`~ws_mode.cli.common` holds what they share. Needs the
 ``cli`` extra: ``pip install "ws-mode[cli]"``.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from .. import __version__
-from . import bench, demo, proxy, serve
+from . import bench, check, demo, proxy, serve
 from .common import PROG, CommandError
 from .serve import build_app
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (serve, proxy, demo, bench):
+    for command in (serve, proxy, demo, bench, check):
         command.add_command(commands)
     return parser
 
