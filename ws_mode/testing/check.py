@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
-from starlette.types import ASGIApp
+from ws_mode.asgi import ASGIApp
 
 from ..middleware import WebSocketModeMiddleware, find_middlewares
 from ..settings import FullContext, Settings

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from starlette.types import ASGIApp
+
+from ws_mode.asgi import ASGIApp
 
 from ..middleware import find_middlewares
 from .check import CheckOptions, CompatibilityCheck

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ws_mode.asgi import ASGIApp, Receive, Scope, Send
 
 from ..handler_call import replay_body
 from ..turn import turn

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from starlette.types import ASGIApp
+from ws_mode.asgi import ASGIApp
 
 from ..limits import Limits
 
