@@ -269,12 +269,14 @@ def test_what_a_turn_leaves_for_the_next() -> None:
 
 
 GOOD: dict[str, Any] = {
-    "format": 1,
+    "format": 2,
     "digest_state": "00",
     "tool_calls": 0,
     "tokens": 1,
     "instructions": None,
     "instruction_tokens": 0,
+    "open_calls": ["call_1"],
+    "compacted": False,
 }
 
 
@@ -289,6 +291,9 @@ GOOD: dict[str, Any] = {
         {**GOOD, "tokens": True},
         {**GOOD, "instructions": 3},
         {key: value for key, value in GOOD.items() if key != "instruction_tokens"},
+        {**GOOD, "open_calls": [1]},
+        {**GOOD, "compacted": "yes"},
+        {**GOOD, "compacted": True, "tokens": None},
     ],
 )
 def test_anything_unexpected_in_the_artifacts_reads_as_nothing_saved(kept: object) -> None:

@@ -34,6 +34,14 @@ def test_body_must_be_an_object(client: TestClient) -> None:
         ({"input": [USER], "metadata": {"a": 1}}, "metadata.a"),
         ({"input": [USER], "stream": "yes"}, "stream"),
         ({"input": [USER], "previous_response_id": 7}, "previous_response_id"),
+        ({"input": [USER], "temperature": "hot"}, "temperature"),
+        ({"input": [USER], "top_p": True}, "top_p"),
+        ({"input": [USER], "top_logprobs": 1.5}, "top_logprobs"),
+        ({"input": [USER], "max_tool_calls": "2"}, "max_tool_calls"),
+        ({"input": [USER], "service_tier": 1}, "service_tier"),
+        ({"input": [USER], "prompt_cache_key": []}, "prompt_cache_key"),
+        ({"input": [USER], "text": "plain"}, "text"),
+        ({"input": [USER], "tool_choice": 3}, "tool_choice"),
     ],
 )
 def test_bad_types(client: TestClient, body: dict[str, Any], param: str) -> None:

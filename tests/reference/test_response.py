@@ -42,7 +42,23 @@ def test_json_answer(client: TestClient) -> None:
     assert abs(data["created_at"] - time.time()) < 60
     assert data["model"] == "gpt-test"
     assert data["instructions"] == "Be brief."
-    assert data["tools"] == TOOLS
+    # Function tools come back as OpenAI reports them: every field, strict by default.
+    assert data["tools"] == [
+        TOOLS[0],
+        {
+            **TOOLS[1],
+            "description": None,
+            "parameters": {"type": "object", "additionalProperties": False},
+            "strict": True,
+        },
+        {
+            **TOOLS[2],
+            "description": None,
+            "parameters": {"type": "object", "additionalProperties": False},
+            "strict": True,
+        },
+    ]
+    assert data["completed_at"] >= data["created_at"]
     assert data["metadata"] == {"user": "42"}
     assert data["store"] is True
     assert data["max_output_tokens"] == 100
@@ -70,6 +86,59 @@ def test_defaults_and_random_ids(client: TestClient) -> None:
     assert first["store"] is False
     assert first["instructions"] is None
     assert first["max_output_tokens"] is None
+    # OpenAI's defaults for what the request left out (the Open Responses schema needs them).
+    assert {key: first[key] for key in DEFAULTS} == DEFAULTS
+
+
+DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+    "max_tool_calls": None,
+    "service_tier": "default",
+    "safety_identifier": None,
+    "prompt_cache_key": None,
+    "truncation": "disabled",
+    "user": None,
+    "background": False,
+    "incomplete_details": None,
+    "text": {"format": {"type": "text"}, "verbosity": "medium"},
+    "reasoning": {"effort": None, "summary": None},
+}
+
+
+def test_request_settings_are_echoed(client: TestClient) -> None:
+    settings: dict[str, Any] = {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "top_logprobs": 3,
+        "max_tool_calls": 4,
+        "service_tier": "flex",
+        "safety_identifier": "user-7",
+        "prompt_cache_key": "chat-7",
+        "truncation": "auto",
+        "user": "u7",
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
+    body = {
+        **settings,
+        "input": [USER],
+        "text": {"verbosity": "low"},
+        "reasoning": {"effort": "high"},
+        "tools": [{**TOOLS[1], "strict": False, "description": "Weather."}],
+    }
+    data = client.post("/v1/responses", json=body).json()
+    assert {key: data[key] for key in settings} == settings
+    assert data["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert data["reasoning"] == {"effort": "high", "summary": None}
+    # strict: false is kept, and the schema left as it came.
+    assert data["tools"] == [{**TOOLS[1], "strict": False, "description": "Weather."}]
+    auto = client.post("/v1/responses", json={"input": [USER], "service_tier": "auto"}).json()
+    assert auto["service_tier"] == "default"
 
 
 # --- HTTP: SSE ----------------------------------------------------------------------------
@@ -85,7 +154,10 @@ def test_sse_text_answer(client: TestClient) -> None:
     created, in_progress = events[0]["response"], events[1]["response"]
     assert created["status"] == in_progress["status"] == "in_progress"
     assert created["output"] == []
+    assert created["completed_at"] is None
+    assert created["usage"] is None
     completed = events[-1]["response"]
+    assert completed["completed_at"] >= completed["created_at"]
     response = Response.model_validate(completed)
     assert response.status == "completed"
     assert completed["id"] == created["id"]

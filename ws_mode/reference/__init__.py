@@ -1,7 +1,9 @@
 """A reference Responses server with a scripted, deterministic model and a real tokenizer.
 
-It serves ``POST /v1/responses`` like OpenAI's HTTP API (JSON or SSE) and is the default handler
-of the demo, the benchmark and the tests::
+It serves ``POST /v1/responses`` like OpenAI's HTTP API (JSON or SSE; response objects with
+every field the Open Responses schema requires; ``context_management`` compaction) and
+``POST /v1/responses/compact``, and is the default handler of the demo, the benchmark and the
+tests::
 
     from ws_mode.reference import ReferenceConfig, create_app, render_items
 

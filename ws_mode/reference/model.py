@@ -279,8 +279,11 @@ def delta_tokens(deltas: list[str]) -> list[int]:
 
 def output_tokens(item: dict[str, Any]) -> int:
     """Output tokens of one output item: the reference tokenizer's tokens of its arguments
-    (a function call) or of its content parts' text."""
+    (a function call), of its id (a compaction item, whose content is opaque) or of its
+    content parts' text."""
     tokenizer = default_tokenizer()
     if item.get("type") == "function_call":
         return len(tokenizer.encode(item["arguments"]))
+    if item.get("type") == "compaction":
+        return len(tokenizer.encode(item["id"]))
     return sum(len(tokenizer.encode(part["text"])) for part in item.get("content", ()))

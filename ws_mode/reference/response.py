@@ -30,33 +30,44 @@ def response_object(
     status: str,
     output: list[dict[str, Any]],
     usage: dict[str, Any] | None,
+    completed_at: int | None = None,
 ) -> dict[str, Any]:
-    """The response object for a request, as OpenAI's API writes it."""
+    """The response object for a request, as OpenAI's API writes it: every field the Open
+    Responses schema requires, the request's settings echoed (OpenAI's defaults where the
+    request has none)."""
     body = parsed.body
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
+        "completed_at": completed_at,
         "status": status,
         "background": False,
         "error": None,
         "incomplete_details": None,
         "instructions": parsed.instructions,
         "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": body.get("max_tool_calls"),
         "model": _default(body, "model", _DEFAULT_MODEL),
         "output": output,
         "parallel_tool_calls": _default(body, "parallel_tool_calls", True),
         "previous_response_id": parsed.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "prompt_cache_key": body.get("prompt_cache_key"),
+        "reasoning": {"effort": None, "summary": None, **(body.get("reasoning") or {})},
+        "safety_identifier": body.get("safety_identifier"),
+        "service_tier": _service_tier(body.get("service_tier")),
         "store": _default(body, "store", False),
-        "temperature": 1.0,
-        "text": {"format": {"type": "text"}},
+        "temperature": _default(body, "temperature", 1.0),
+        "text": _text(body.get("text")),
         "tool_choice": _default(body, "tool_choice", "auto"),
-        "tools": parsed.tools if parsed.tools is not None else [],
-        "top_p": 1.0,
-        "truncation": "disabled",
+        "tools": [_tool(tool) for tool in parsed.tools or ()],
+        "top_logprobs": _default(body, "top_logprobs", 0),
+        "top_p": _default(body, "top_p", 1.0),
+        "presence_penalty": _default(body, "presence_penalty", 0.0),
+        "frequency_penalty": _default(body, "frequency_penalty", 0.0),
+        "truncation": _default(body, "truncation", "disabled"),
         "usage": usage,
-        "user": None,
+        "user": body.get("user"),
         "metadata": parsed.metadata,
     }
 
@@ -64,6 +75,43 @@ def response_object(
 def _default(body: dict[str, Any], key: str, default: Any) -> Any:
     value = body.get(key)
     return default if value is None else value
+
+
+def _service_tier(requested: str | None) -> str:
+    """The tier a response reports: the one asked for, ``default`` for ``auto`` or none."""
+    return "default" if requested in (None, "auto") else str(requested)
+
+
+def _text(requested: dict[str, Any] | None) -> dict[str, Any]:
+    """``text`` as echoed: plain text format and medium verbosity unless the request says."""
+    text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
+    for key, value in (requested or {}).items():
+        if value is not None:
+            text[key] = value
+    return text
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as echoed. A function tool gets every field OpenAI reports: ``description`` and
+    ``parameters`` (null when not given) and ``strict`` (true unless the request says false),
+    a strict object schema closed with ``additionalProperties: false``."""
+    if tool.get("type") != "function":
+        return tool
+    strict = tool.get("strict") is not False
+    parameters = tool.get("parameters")
+    if (
+        strict
+        and isinstance(parameters, dict)
+        and parameters.get("type") == "object"
+        and "additionalProperties" not in parameters
+    ):
+        parameters = {**parameters, "additionalProperties": False}
+    return {
+        **tool,
+        "description": tool.get("description"),
+        "parameters": parameters,
+        "strict": strict,
+    }
 
 
 def usage(input_tokens: int, produced: int) -> dict[str, Any]:
@@ -87,8 +135,11 @@ def events(
     for index, item in enumerate(completed["output"]):
         if item["type"] == "function_call":
             yield from _function_call_events(index, item)
-        else:
+        elif item["type"] == "message":
             yield from _message_events(index, item)
+        else:
+            # A compaction item has no events of its own between added and done.
+            yield {"type": "response.output_item.added", "output_index": index, "item": item}, None
         yield {"type": "response.output_item.done", "output_index": index, "item": item}, None
     yield {"type": "response.completed", "response": completed}, None
 
@@ -162,6 +213,8 @@ async def sse(
                 await anyio.sleep(delay)
                 clock = time.thread_time()
         event["sequence_number"] = sequence_number
+        if event["type"] == "response.completed":
+            event["response"]["completed_at"] = int(time.time())
         buffer += encode_sse(event)
         if len(buffer) >= _FLUSH_BYTES:
             chunk = bytes(buffer)

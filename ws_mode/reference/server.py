@@ -1,8 +1,11 @@
-"""The reference server's Starlette app: ``POST /v1/responses`` around the scripted model.
+"""The reference server's Starlette app: ``POST /v1/responses`` around the scripted model, and
+``POST /v1/responses/compact``.
 
 It answers like OpenAI's HTTP API (one JSON response object, or an SSE stream with
 ``stream: true``), keeps no state of its own, and resolves ``previous_response_id`` only through
 the ws_mode :class:`~ws_mode.turn.Turn` of the request, when it runs behind the middleware.
+With ``context_management`` a response whose input reaches the compaction threshold starts its
+output with a compaction item (:mod:`ws_mode.reference.compaction`).
 
 It does the work a real server does per request, on a real tokenizer: parse the body, render
 the context to tokens, digest it. Over plain HTTP (and behind ``full_context="always"``) that
@@ -26,6 +29,8 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ws_mode.reference import context as _context
+from ws_mode.reference.compact import compact
+from ws_mode.reference.compaction import compaction_item
 from ws_mode.reference.model import ReferenceConfig, output_tokens, script_from_state
 from ws_mode.reference.request import Parsed, RequestError, parse
 from ws_mode.reference.response import MIN_SLEEP, response_object, sse, usage
@@ -39,8 +44,9 @@ __all__ = ["create_app"]
 
 
 def create_app(config: ReferenceConfig | None = None, *, path: str = "/v1/responses") -> Starlette:
-    """Build the reference server: ``POST {path}`` runs the scripted model, ``GET /healthz``
-    answers ``ok``. Its :class:`ReferenceStats` are on ``app.state.reference_stats``."""
+    """Build the reference server: ``POST {path}`` runs the scripted model, ``POST
+    {path}/compact`` compacts a context, ``GET /healthz`` answers ``ok``. Its
+    :class:`ReferenceStats` are on ``app.state.reference_stats``."""
     if config is None:
         config = ReferenceConfig()
     elif not isinstance(config, ReferenceConfig):
@@ -63,12 +69,25 @@ def create_app(config: ReferenceConfig | None = None, *, path: str = "/v1/respon
             await anyio.sleep(delay)
         return response
 
+    async def compaction(request: Request) -> Response:
+        stats.requests += 1
+        raw = await request.body()
+        clock = time.thread_time()
+        try:
+            compacted = compact(raw, stats, tokenizer)
+        except RequestError as error:
+            return error.response()
+        finally:
+            stats.cpu_seconds += time.thread_time() - clock
+        return Response(orjson.dumps(compacted), media_type="application/json")
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     app = Starlette(
         routes=[
             Route(path, responses, methods=["POST"]),
+            Route(f"{path}/compact", compaction, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )
@@ -100,6 +119,10 @@ def _respond(
     output = script_from_state(
         context.digest_state, context.tool_calls, parsed.instructions, parsed.tools, effective
     )
+    threshold = parsed.compact_threshold
+    if threshold is not None and context.input_tokens >= threshold:
+        # Compacted before sampling: the answer reads the compacted context, the same one.
+        output = [compaction_item(context.folded), *output]
     if found is not None and found.cache_aware:
         # Only a cache-aware middleware sends a continuation without the context to resume.
         stats.tokens_rendered += _context.save(found, context, output, tokenizer)
@@ -131,6 +154,7 @@ def _respond(
         return streaming, 0.0
     rate = config.tokens_per_second
     delay = config.time_to_first_token + (produced / rate if rate else 0.0)
+    completed["completed_at"] = int(time.time() + delay)
     return Response(orjson.dumps(completed), media_type="application/json"), delay
 
 

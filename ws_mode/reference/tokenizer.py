@@ -96,8 +96,9 @@ def item_text(item: dict[str, Any]) -> str:
 
     A message (``type`` ``"message"``, or no type and a ``role``) is its role then its text
     (a string content, or its content parts' ``text``, one per line); a ``function_call`` is its
-    name then its arguments; a ``function_call_output`` its output; any other item its type
-    then its canonical JSON. Each is wrapped as ``<|im_start|>marker\\n...<|im_end|>\\n``.
+    name then its arguments; a ``function_call_output`` its output; a ``compaction`` item its
+    id; any other item its type then its canonical JSON. Each is wrapped as
+    ``<|im_start|>marker\\n...<|im_end|>\\n``.
     """
     kind = item.get("type")
     if kind == "message" or (kind is None and "role" in item):
@@ -107,6 +108,9 @@ def item_text(item: dict[str, Any]) -> str:
         body = _text(item.get("arguments"))
     elif kind == "function_call_output":
         marker, body = "function_call_output", _text(item.get("output"))
+    elif kind == "compaction":
+        # What it stands for is opaque: it costs the same few tokens whatever it replaced.
+        marker, body = "compaction", _text(item.get("id"))
     else:
         marker, body = _text(kind), canonical_json(item).decode()
     return f"{START}{marker}\n{body}{END}\n"
