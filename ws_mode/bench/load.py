@@ -1,4 +1,5 @@
-"""A load test of WebSocket mode: hundreds of sockets running tool-call chains at once.
+"""A load test of WebSocket mode: hundreds of sockets running tool-call chains at once, and the
+same conversations over plain HTTP at the same concurrency, against the same server process.
 
 ``python -m ws_mode.bench.load --connections 300 --turns 5 --lanes 4`` starts the reference
 server (:mod:`ws_mode.reference`) behind :class:`~ws_mode.WebSocketModeMiddleware` under
@@ -9,15 +10,22 @@ starts. Each socket runs one tool-call chain of ``--turns`` turns on each of its
 ``turns - 1`` times the model asks for a tool and the client answers with a
 ``--tool-output-bytes`` output, the last turn is the model's final answer.
 
-Every turn is checked: its output must be exactly what the reference model gives for that
-context over plain HTTP (the model is deterministic per context; each distinct chain is run
-once over HTTP with the whole history first), its events must carry its lane's ``stream_id``,
-and no error may arrive. The report gives connections, turns, turns/s, p50/p99 turn latency
-(create sent to terminal event received), errors, the middleware's counters
-(``middleware.stats``) and the server's RSS: at rest before the load and at its peak (VmHWM
-from ``/proc``, or sampled with psutil when ``/proc`` is missing). The peak must stay under a
-bound derived from the cache limits (:func:`~ws_mode.bench.load_options.rss_bound`): the run
-fails when it does not.
+Then (unless ``--no-http``) the same conversations run over plain HTTP
+(:mod:`ws_mode.bench.load_http`): one keep-alive connection per conversation, all opened before
+any turn starts, each turn a streamed ``POST /v1/responses`` with the whole history. With
+``--rounds N`` the two sides alternate: sockets then HTTP in the first round, HTTP then sockets
+in the second, and so on (:mod:`ws_mode.bench.load_sides`); each side's figures add up over
+its rounds.
+
+Every turn is checked on both sides: its output must be exactly what the reference model gives
+for that context over plain HTTP (the model is deterministic per context; each distinct chain
+is run once over HTTP with the whole history first), a socket turn's events must carry its
+lane's ``stream_id``, and no error may arrive. The report (:mod:`ws_mode.bench.load_report`)
+gives, per side, connections, turns, turns/s, p50/p99/max turn latency (request sent to
+terminal event received), errors, the server's and this process's CPU time per turn, the
+server's peak RSS, and the ratios WebSocket/HTTP; then the middleware's counters and the
+server's RSS at rest. The sockets' peak RSS must stay under a bound derived from the cache
+limits (:func:`~ws_mode.bench.load_options.rss_bound`): the run fails when it does not.
 
 Loopback only, bounded in count and time (``--duration`` caps the whole run); the server
 subprocess is always killed, and kills itself if this process dies.
@@ -33,21 +41,37 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, Final
+from typing import Final
 
 from ..tools.http_client import HttpClient
 from ..tools.loopback import ServerProcess, ServerStartError
 from ..tools.loopback import server_process as loopback_process
-from ..tools.measure import PeakSampler, percentile
-from .load_clients import Tally, reference_chains, run_client
-from .load_options import LoadError, LoadOptions, LoadReport, rss_bound
+from .load_clients import reference_chains
+from .load_http import history_bodies
+from .load_options import LoadError, LoadOptions, rss_bound
+from .load_report import LoadReport, SideReport
 from .load_server import BACKLOG, STATS_PATH, raise_file_limit
+from .load_sides import Load, Probe, run_side
 
-__all__ = ["main", "run", "run_load", "server_process"]
+__all__ = ["check_file_limit", "main", "run", "run_load", "server_process"]
 
 SERVER_START_SECONDS: Final = 30.0
-#: How the report names where the server's peak RSS came from (``Memory.source``).
+#: Open files besides the clients' connections: the server's stats client, threads, logs.
+SPARE_FILES: Final = 64
+#: How the report names where the server's peak RSS came from.
 RSS_SOURCES: Final = {"/proc": "/proc VmHWM", "getrusage": "getrusage", "psutil": "psutil samples"}
+
+
+def check_file_limit(options: LoadOptions) -> None:
+    """Raise the open-file limit as far as it goes (the server inherits it); :class:`LoadError`
+    when it still cannot hold every connection of the larger side at once."""
+    needed = (options.conversations if options.http else options.connections) + SPARE_FILES
+    limit = raise_file_limit()
+    if 0 <= limit < needed:
+        raise LoadError(
+            f"this run holds {needed} open files at once but the limit is {limit} "
+            "(raise it with ulimit -n, or run fewer connections)"
+        )
 
 
 @contextlib.contextmanager
@@ -79,32 +103,18 @@ def server_process(options: LoadOptions) -> Iterator[ServerProcess]:
 
 
 async def run_load(options: LoadOptions, base_url: str, pid: int) -> LoadReport:
-    """Run the load against a server already listening at `base_url` (process `pid`)."""
-    raise_file_limit()
+    """Run the load against a server already listening at `base_url` (process `pid`): each
+    round runs the sockets then HTTP (HTTP first in odd rounds), one side after the other."""
+    check_file_limit(options)
     report = LoadReport(options=asdict(options), server_pid=pid)
+    report.http = SideReport("http") if options.http else None
     deadline = time.monotonic() + options.duration
     with HttpClient(base_url, timeout=30.0) as http:
-
-        async def server_state() -> dict[str, Any]:
-            return await asyncio.to_thread(http.get_json, STATS_PATH)
-
+        probe = Probe(http)
         chains = await asyncio.to_thread(reference_chains, base_url, options)
-        at_rest = await server_state()
+        at_rest = await probe.state()
         report.rss_at_rest = at_rest["memory"]["rss"] or 0
         report.rss_source = RSS_SOURCES.get(at_rest["memory"]["source"], "unavailable")
-        sampler = PeakSampler(pid)
-        sampler.start()
-
-        tally = Tally(expected=options.connections)
-        gate = asyncio.Semaphore(options.connect_concurrency)
-        start = asyncio.Event()
-        clients = [
-            asyncio.create_task(run_client(index, base_url, options, chains, tally, gate, start))
-            for index in range(options.connections)
-        ]
-        report.turns_expected = options.turns * sum(
-            options.lanes_of(index) for index in range(options.connections)
-        )
         report.cache_bytes_expected = sum(
             min(
                 options.max_cached_bytes,
@@ -115,61 +125,27 @@ async def run_load(options: LoadOptions, base_url: str, pid: int) -> LoadReport:
             )
             for index in range(options.connections)
         )
-        try:
-            # Every socket is open before the first turn starts.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                    await tally.all_settled.wait()
-            report.connections_open_peak = (await server_state())["connections"]
-            report.connections = tally.connected
-            began = time.perf_counter()
-            start.set()
-            left = max(0.1, deadline - time.monotonic())
-            _done, pending = await asyncio.wait(clients, timeout=left)
-            report.seconds = time.perf_counter() - began
-            if pending:
-                tally.error("duration", f"{len(pending)} connections still running at the cap")
-        finally:
-            tally.stopped = True
-            for client in clients:
-                client.cancel()
-            await asyncio.gather(*clients, return_exceptions=True)
-            sampler.stop()
-        after = await server_state()
-        for _ in range(100):  # the server closes the sockets soon after the clients did
-            if after["connections"] == 0:
-                break
-            await asyncio.sleep(0.05)
-            after = await server_state()
-    _finish(report, tally, after, sampler.peak)
-    return report
-
-
-def _finish(report: LoadReport, tally: Tally, after: dict[str, Any], sampled_peak: int) -> None:
-    """Fill the report in from what the clients saw and the server's state after the load."""
-    report.turns = tally.turns
-    report.lanes = tally.lanes
-    report.errors = dict(tally.errors)
-    report.error_samples = tally.samples
-    report.turns_per_second = report.turns / report.seconds if report.seconds else 0.0
-    report.latency_p50_ms = percentile(tally.latencies, 0.50) * 1000
-    report.latency_p99_ms = percentile(tally.latencies, 0.99) * 1000
-    report.latency_max_ms = max(tally.latencies, default=0.0) * 1000
-    peak = after["memory"]["peak"] or 0
-    report.rss_peak = max(peak, sampled_peak)
+        load = Load(base_url, pid, options, chains, history_bodies(chains), deadline, probe)
+        sides = [report.websocket] if report.http is None else [report.websocket, report.http]
+        for number in range(options.rounds):
+            for side in sides if number % 2 == 0 else sides[::-1]:
+                await run_side(load, side)
+        after = await probe.state()
+    for side in sides:
+        side.finish()
     report.rss_after = after["memory"]["rss"] or 0
-    if report.rss_source == "psutil samples" or not peak:
-        report.rss_source = "psutil samples" if sampled_peak else report.rss_source
+    if at_rest["memory"]["source"] != "/proc" and report.websocket.rss_peak:
+        report.rss_source = "psutil samples"
     report.server_stats = after["stats"]
     report.rss_bound = rss_bound(
-        report.rss_at_rest, report.connections, report.cache_bytes_expected
+        report.rss_at_rest, options.connections, report.cache_bytes_expected
     )
-    if after["connections"] != 0:
-        report.errors["connections_left_open"] = after["connections"]
+    return report
 
 
 def run(options: LoadOptions) -> LoadReport:
     """Start the server subprocess, run the load, kill the server; the report."""
+    check_file_limit(options)
     with server_process(options) as server:
         return asyncio.run(run_load(options, server.base_url, server.pid))
 
@@ -181,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ws_mode.bench.load",
         description="Load-test WebSocket mode: the reference server behind the middleware in a "
-        "subprocess, hundreds of sockets running tool-call chains on loopback.",
+        "subprocess, hundreds of sockets running tool-call chains on loopback, then the same "
+        "conversations over plain HTTP at the same concurrency.",
     )
     defaults = LoadOptions()
     parser.add_argument("--connections", type=int, default=defaults.connections)
@@ -207,6 +184,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-cached-bytes", type=int, default=defaults.max_cached_bytes)
     parser.add_argument("--connect-concurrency", type=int, default=defaults.connect_concurrency)
+    parser.add_argument(
+        "--no-http",
+        dest="http",
+        action="store_false",
+        help="run the sockets only, not the same conversations over plain HTTP",
+    )
+    parser.add_argument(
+        "--no-compression",
+        dest="compression",
+        action="store_false",
+        help="sockets without permessage-deflate (the openai SDK asks for it)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=defaults.rounds,
+        help="rounds of both sides, alternating which goes first (sockets in the first)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -225,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokens_per_second=arguments.tokens_per_second,
             max_cached_bytes=arguments.max_cached_bytes,
             connect_concurrency=arguments.connect_concurrency,
+            http=arguments.http,
+            rounds=arguments.rounds,
+            compression=arguments.compression,
         )
         report = run(options)
     except LoadError as exc:

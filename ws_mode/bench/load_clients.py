@@ -193,7 +193,9 @@ async def run_client(
     tag = f"connection {index}"
     try:
         async with gate:
-            sock = await connect_async(base_url, SOCKET_PATH, open_timeout=60)
+            sock = await connect_async(
+                base_url, SOCKET_PATH, open_timeout=60, compression=options.compression
+            )
     except Exception as exc:
         tally.error(f"connect:{type(exc).__name__}", f"{tag}: {exc}")
         return

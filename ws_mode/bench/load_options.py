@@ -1,11 +1,11 @@
-"""What one load run does and what it measured: ``python -m ws_mode.bench.load``'s options,
-its report, and the memory bound the server's peak RSS must stay under (:func:`rss_bound`)."""
+"""What one load run does: ``python -m ws_mode.bench.load``'s options, and the memory bound the
+server's peak RSS must stay under (:func:`rss_bound`). The report is in
+:mod:`ws_mode.bench.load_report`."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Final
 
 __all__ = [
     "CACHE_OVERHEAD_FACTOR",
@@ -14,7 +14,6 @@ __all__ = [
     "VARIANTS",
     "LoadError",
     "LoadOptions",
-    "LoadReport",
     "rss_bound",
 ]
 
@@ -28,6 +27,7 @@ MAX_TURNS: Final = 200
 MAX_LANES: Final = 16
 MAX_TOOL_OUTPUT_BYTES: Final = 1024 * 1024
 MAX_DURATION: Final = 3600.0
+MAX_ROUNDS: Final = 20
 
 # The memory model of `rss_bound` (see there). Measured on CPython 3.11, uvicorn 0.54 with
 # websockets 15 (permessage-deflate on, as the openai SDK asks), glibc malloc:
@@ -66,6 +66,13 @@ class LoadOptions:
     max_cached_responses: int = 512
     connect_concurrency: int = 64
     turn_timeout: float = 60.0
+    #: Also run the same conversations over plain HTTP (full history, SSE) at the same
+    #: concurrency, against the same server process.
+    http: bool = True
+    #: Whether the sockets ask for permessage-deflate (the openai SDK does).
+    compression: bool = True
+    #: Rounds of both sides; even rounds run the sockets first, odd ones HTTP first.
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         checks = (
@@ -78,6 +85,7 @@ class LoadOptions:
             ("max_cached_bytes", self.max_cached_bytes, 1024, 1 << 40),
             ("max_cached_responses", self.max_cached_responses, 1, 1 << 20),
             ("turn_timeout", self.turn_timeout, 0.1, MAX_DURATION),
+            ("rounds", self.rounds, 1, MAX_ROUNDS),
         )
         for name, value, low, high in checks:
             if not low <= value <= high:
@@ -93,76 +101,14 @@ class LoadOptions:
         """How many lanes connection number `connection` runs: 1 to `lanes`, in turn."""
         return 1 + connection % self.lanes
 
-    def variant_of(self, connection: int, lane: int) -> int:
-        return (connection * self.lanes + lane) % VARIANTS
-
-
-@dataclass
-class LoadReport:
-    """What one load run measured."""
-
-    options: dict[str, Any]
-    connections: int = 0
-    connections_open_peak: int = 0
-    lanes: int = 0
-    turns: int = 0
-    turns_expected: int = 0
-    seconds: float = 0.0
-    turns_per_second: float = 0.0
-    latency_p50_ms: float = 0.0
-    latency_p99_ms: float = 0.0
-    latency_max_ms: float = 0.0
-    errors: dict[str, int] = field(default_factory=dict)
-    error_samples: list[str] = field(default_factory=list)
-    server_pid: int = 0
-    rss_at_rest: int = 0
-    rss_peak: int = 0
-    rss_after: int = 0
-    rss_bound: int = 0
-    rss_source: str = ""
-    cache_bytes_expected: int = 0
-    server_stats: dict[str, Any] = field(default_factory=dict)
-
     @property
-    def ok(self) -> bool:
-        """Every turn ran, was right, and the server stayed within its memory bound."""
-        return (
-            not self.errors
-            and self.turns == self.turns_expected
-            and self.connections_open_peak == self.options["connections"]
-            and 0 < self.rss_peak <= self.rss_bound
-        )
+    def conversations(self) -> int:
+        """How many conversations run at once: the lanes of every socket."""
+        return sum(self.lanes_of(index) for index in range(self.connections))
 
-    def to_json(self) -> str:
-        return json.dumps({**asdict(self), "ok": self.ok}, indent=2, sort_keys=True)
-
-    def text(self) -> str:
-        mib = 1024 * 1024
-        lines = [
-            f"connections      {self.connections} opened, {self.connections_open_peak} open at "
-            f"once, {self.lanes} lanes",
-            f"turns            {self.turns} of {self.turns_expected} in {self.seconds:.2f} s "
-            f"= {self.turns_per_second:.0f} turns/s",
-            f"turn latency     p50 {self.latency_p50_ms:.1f} ms, p99 {self.latency_p99_ms:.1f} ms,"
-            f" max {self.latency_max_ms:.1f} ms",
-            "errors           "
-            + (", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"),
-            f"server RSS       {self.rss_at_rest / mib:.1f} MiB at rest, peak "
-            f"{self.rss_peak / mib:.1f} MiB (bound {self.rss_bound / mib:.1f} MiB, "
-            f"{self.rss_source}), {self.rss_after / mib:.1f} MiB after",
-            f"cache (expected) {self.cache_bytes_expected / mib:.1f} MiB counted by the caches",
-        ]
-        stats = self.server_stats
-        if stats:
-            lines.append(
-                f"server stats     turns {stats.get('turns')}, cache hits "
-                f"{stats.get('cache_hits')}, misses {stats.get('cache_misses')}, evictions "
-                f"{stats.get('cache_evictions')}, bytes saved {stats.get('bytes_saved')}, "
-                f"errors {stats.get('errors')}"
-            )
-        lines.extend(f"  e.g. {sample}" for sample in self.error_samples[:5])
-        lines.append("result           " + ("OK" if self.ok else "FAILED"))
-        return "\n".join(lines)
+    def variant_of(self, connection: int, lane: int) -> int:
+        """Which of the :data:`VARIANTS` chains lane number `lane` of `connection` runs."""
+        return (connection * self.lanes + lane) % VARIANTS
 
 
 def rss_bound(rss_at_rest: int, connections: int, cache_bytes: int) -> int:

@@ -4,16 +4,25 @@ The load test starts this module as a subprocess (``python -m ws_mode.bench.load
 JSON --fd N --lifetime S``, through :func:`ws_mode.tools.loopback.server_process`, which binds
 the loopback socket and passes it down). Besides the reference Responses server at
 ``/v1/responses`` (WebSocket mode included), it answers ``GET /load/stats``: its pid, its open
-sockets, its memory (:func:`ws_mode.tools.measure.memory`) and the middleware's counters.
+sockets, its memory (:func:`ws_mode.tools.measure.memory`), its CPU time, the middleware's
+counters, and how many distinct HTTP connections (client ports) sent it requests;
+``POST /load/reset`` hands the memory the previous side freed back to the system (a garbage
+collection, then glibc's ``malloc_trim`` where there is one) and starts the peak RSS and that
+count over (before each side of the load);
+``GET /load/ping`` answers 204 (the HTTP side opens its keep-alive connections with it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import json
 import os
 import resource
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, Final
@@ -24,21 +33,46 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..limits import Limits
 from ..middleware import WebSocketModeMiddleware
 from ..tools.loopback import add_child_arguments, serve_inherited
-from ..tools.measure import memory
+from ..tools.measure import memory, reset_peak_rss
 
-__all__ = ["SOCKET_PATH", "STATS_PATH", "build_load_app", "main", "raise_file_limit"]
+__all__ = [
+    "PING_PATH",
+    "RESET_PATH",
+    "SOCKET_PATH",
+    "STATS_PATH",
+    "build_load_app",
+    "main",
+    "raise_file_limit",
+]
 
 STATS_PATH: Final = "/load/stats"
+RESET_PATH: Final = "/load/reset"
+PING_PATH: Final = "/load/ping"
 SOCKET_PATH: Final = "/v1/responses"
 BACKLOG: Final = 4096
 
 
-def raise_file_limit() -> None:
-    """Allow as many open files as the hard limit does (each socket is one)."""
+def raise_file_limit() -> int:
+    """Allow as many open files as the hard limit does (each socket is one); the soft limit
+    now in force (-1: unlimited, or not known)."""
     with contextlib.suppress(ValueError, OSError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY or hard > soft:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return -1 if soft == resource.RLIM_INFINITY else int(soft)
+    return -1
+
+
+def release_memory() -> bool:
+    """Collect garbage and give the free heap back to the system (glibc's ``malloc_trim``);
+    False where there is no ``malloc_trim``."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+        return True
+    return False
 
 
 def build_load_app(spec: dict[str, Any]) -> ASGIApp:
@@ -60,21 +94,42 @@ def build_load_app(spec: dict[str, Any]) -> ASGIApp:
         ),
     )
 
+    peers: set[Any] = set()  # the HTTP connections seen since the last reset
+
+    def state() -> bytes:
+        stats = getattr(middleware, "stats", None)
+        return orjson.dumps(
+            {
+                "pid": os.getpid(),
+                "connections": middleware.connections,
+                "memory": asdict(memory()),
+                "cpu_seconds": time.process_time(),
+                "http_connections": len(peers),
+                "stats": stats.snapshot() if stats is not None else {},
+            }
+        )
+
+    async def answer(send: Send, status: int, body: bytes = b"") -> None:
+        headers = [(b"content-type", b"application/json")] if body else []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == STATS_PATH:
-            stats = getattr(middleware, "stats", None)
-            body = orjson.dumps(
-                {
-                    "pid": os.getpid(),
-                    "connections": middleware.connections,
-                    "memory": asdict(memory()),
-                    "stats": stats.snapshot() if stats is not None else {},
-                }
-            )
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path == STATS_PATH:
+                await answer(send, 200, state())
+                return
+            if path == RESET_PATH:
+                peers.clear()
+                trimmed = release_memory()
+                reset = {"trimmed": trimmed, "peak_reset": reset_peak_rss()}
+                await answer(send, 200, orjson.dumps(reset))
+                return
+            peers.add(tuple(scope.get("client") or ()))
+            if path == PING_PATH:
+                await answer(send, 204)
+                return
         await middleware(scope, receive, send)
 
     return app
