@@ -26,6 +26,7 @@ from openai import AsyncOpenAI, OpenAI, omit
 from openai.types.responses import EasyInputMessageParam, FunctionToolParam, ResponseInputParam
 from openai.types.responses.response_input_param import FunctionCallOutput
 
+from tests.examples.django_env import database_path
 from tests.integration.clients import async_until_terminal, sdk_until_terminal
 from tests.servers import ALL_SERVERS, PROCESS_SERVERS, ROOT, serve
 
@@ -255,7 +256,9 @@ def test_starlette_handshake_headers_reach_every_turn(starlette: Running) -> Non
 
 @pytest.fixture(scope="module")
 def django_settings() -> Iterator[None]:
-    """Django's settings, as manage.py and asgi.py set them, for this module's servers."""
+    """Django's settings, as manage.py and asgi.py set them, for this module's servers (and
+    the project's database, a temporary file for this process)."""
+    database_path()
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(DJANGO_DIR))
         patch.setenv("DJANGO_SETTINGS_MODULE", "django_site.settings")
@@ -389,9 +392,9 @@ def test_client_example_against_fastapi(fastapi_example: Running) -> None:
     # The warm-up's developer message and each turn's new items add up on the server.
     assert lines[1:] == [
         "> What time is it?",
-        "I have seen 2 items.",
+        "I have seen 2 item(s).",
         "> Thanks",
-        "I have seen 4 items.",
+        "I have seen 4 item(s).",
     ]
 
 
@@ -406,19 +409,31 @@ async def test_fastapi_socket_async(fastapi_example: Running) -> None:
             second = completed(await async_until_terminal(conn))
     finally:
         await client.close()
-    assert first.output_text == "I have seen 2 items."
-    assert second.output_text == "I have seen 4 items."
+    assert first.output_text == "I have seen 2 item(s)."
+    assert second.output_text == "I have seen 4 item(s)."
     assert second.previous_response_id == first.id
 
 
-def test_fastapi_http_streaming(fastapi_example: Running) -> None:
-    with (
-        fastapi_example.openai() as client,
-        client.responses.create(model="m", input=[user("Hi")], stream=True) as stream,
-    ):
-        events = list(stream)
-    assert [event.type for event in events] == ["response.created", "response.completed"]
-    assert completed(events).output_text == "I have seen 1 items."
+def test_fastapi_http_streaming_and_json(fastapi_example: Running) -> None:
+    with fastapi_example.openai() as client:
+        with client.responses.create(model="m", input=[user("Hi")], stream=True) as stream:
+            events = list(stream)
+        response = client.responses.create(model="m", input="Hi")
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    kinds = [event.type for event in events]
+    assert kinds[:3] == [
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert completed(events).output_text == streamed_text(events) == "I have seen 1 item(s)."
+    assert response.output_text == "I have seen 1 item(s)."
 
 
 def test_client_agent_tool_loop_and_recovery(starlette: Running) -> None:

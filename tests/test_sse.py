@@ -292,4 +292,6 @@ def test_arbitrary_bytes_decode_the_same_in_any_chunks(body: bytes, data: st.Dat
 def test_encoded_events_decode_to_themselves(events: list[dict[str, object]]) -> None:
     decoder = SSEDecoder()
     decoded = decoder.feed(b"".join(encode_sse(event) for event in events))
-    assert [(kind, orjson.loads(data)) for kind, data in decoded] == [(e["type"], e) for e in events]
+    assert [(kind, orjson.loads(data)) for kind, data in decoded] == [
+        (e["type"], e) for e in events
+    ]

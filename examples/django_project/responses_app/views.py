@@ -98,3 +98,21 @@ async def create_cached_response(request: HttpRequest) -> HttpResponse:
         # Kept on this response in the connection's cache; the next turn reads it back.
         current.artifacts["stats"] = context + Stats.of(output)
     return answer(body, output)
+
+
+@csrf_exempt
+@require_POST
+async def create_private_response(request: HttpRequest) -> HttpResponse:
+    """For logged-in users only. On a socket turn the user is the connection's principal, which
+    the `authenticate` hook found at the handshake (no lookup per turn); over plain HTTP it is
+    the request's session user, which Django's middleware finds."""
+    parsed = parse(request)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    body, items = parsed
+    current = ws_mode.turn(request)
+    user = current.principal if current is not None else await request.auser()
+    if not user.is_authenticated:
+        return error(401, "Log in first.")
+    question = f"{user.get_username()}: {last_question(items)}"
+    return answer(body, reply(question, Stats.of(items)))

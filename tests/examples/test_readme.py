@@ -1,0 +1,159 @@
+"""The README's "Use it" and cache-aware snippets, run as a newcomer runs them: the install line
+covers what they import, the server block is `examples/fastapi_app.py`, the run command serves
+it, and the client snippet prints what the README says it prints. The README cannot drift from
+what works."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.responses import Response
+
+from examples.fastapi_app import answer
+from tests.servers import ROOT, first_line, serve, stop
+from ws_mode.tools.loopback import ws_max_size
+from ws_mode.tools.rollout import run_http, run_socket
+
+README = (ROOT / "README.md").read_text()
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def section(title: str) -> str:
+    """The README's text from the heading `title` to the next heading of the same level."""
+    level, _, _ = title.partition(" ")
+    start = README.index(title + "\n")
+    after = README.find(f"\n{level} ", start + len(title))
+    return README[start : after if after != -1 else len(README)]
+
+
+def blocks(title: str, language: str) -> list[str]:
+    """The fenced code blocks of one language in a section, in order."""
+    return [code for lang, code in FENCE.findall(section(title)) if lang == language]
+
+
+USE_IT = "## Use it"
+[INSTALL, RUN] = blocks(USE_IT, "bash")
+[SERVER, CLIENT] = blocks(USE_IT, "python")
+[OUTPUT] = blocks(USE_IT, "text")
+
+
+def imported(code: str) -> set[str]:
+    """The top-level packages `code` imports, outside the standard library."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - set(sys.stdlib_module_names)
+
+
+def test_the_install_line_covers_what_the_snippets_import() -> None:
+    [line] = INSTALL.splitlines()
+    packages = line.removeprefix("pip install ").split()
+    assert imported(SERVER) | imported(CLIENT) == {"fastapi", "openai", "ws_mode"}
+    # ws_mode from the clone; uvicorn with a WebSocket library; the SDK with its socket client.
+    assert packages == ["-e", ".", "fastapi", '"uvicorn[standard]"', '"openai[realtime]"']
+
+
+def test_the_server_block_is_the_example_file() -> None:
+    source = (ROOT / "examples" / "fastapi_app.py").read_text()
+    docstring = ast.get_docstring(ast.parse(source), clean=False)
+    assert docstring is not None
+    assert source.split('"""', 2)[2].lstrip("\n") == SERVER
+
+
+def test_the_run_command_serves_what_the_client_snippet_prints() -> None:
+    [command] = RUN.splitlines()
+    program, *arguments = command.split()
+    assert program == "uvicorn"
+    assert arguments == ["examples.fastapi_app:app", "--ws-max-size", str(ws_max_size())]
+    # The command as written, on a port of its own, ended by `timeout` if this test dies.
+    child = [sys.executable, "-m", "uvicorn", *arguments, "--port", "0"]
+    if (limit := shutil.which("timeout")) is not None:
+        child = [limit, "60", *child]
+    server = subprocess.Popen(
+        child, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        line = first_line(server, "INFO:     Uvicorn running on", timeout=20)
+        origin = re.search(r"http://127\.0\.0\.1:\d+", line)
+        assert origin, line
+        client = CLIENT.replace("http://127.0.0.1:8000", origin.group(0))
+        assert client != CLIENT
+        result = subprocess.run(
+            [sys.executable, "-c", client], capture_output=True, text=True, timeout=30
+        )
+    finally:
+        stop(server)
+    assert result.returncode == 0, result.stderr
+    prompt, *printed = OUTPUT.splitlines()
+    assert prompt == "$ python client.py"
+    assert (
+        result.stdout.splitlines()
+        == printed
+        == ["I have seen 1 item(s).", "I have seen 3 item(s)."]
+    )
+
+
+# The cache-aware snippet, with the four functions it leaves to the reader.
+
+
+class Counted:
+    """What the snippet's functions did: the items `summarize` went through."""
+
+    summarized: list[int]
+
+    def __init__(self) -> None:
+        self.summarized = []
+
+
+def snippet_app(counted: Counted) -> Any:
+    """The README's cache-aware app, its functions counting a context's items."""
+
+    def summarize(items: list[Any] | str) -> int:
+        count = 1 if isinstance(items, str) else len(items)
+        counted.summarized.append(count)
+        return count
+
+    def extend(state: int, items: list[Any]) -> int:
+        return state + len(items)
+
+    def generate(state: int) -> list[dict[str, Any]]:
+        return [{"type": "message", "role": "assistant", "content": f"{state} items so far."}]
+
+    def respond(body: dict[str, Any], output: list[dict[str, Any]]) -> Response:
+        return answer(body, output[0]["content"])
+
+    [code] = blocks("### Cache-aware handlers", "python")
+    namespace = {"summarize": summarize, "extend": extend, "generate": generate}
+    namespace["respond"] = respond
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["app"]
+
+
+@pytest.fixture(scope="module")
+def cache_aware() -> Iterator[tuple[str, Counted]]:
+    counted = Counted()
+    with serve(snippet_app(counted), lifetime=60) as base_url:
+        yield base_url, counted
+
+
+def test_the_cache_aware_snippet_answers_as_http_on_new_items_only(
+    cache_aware: tuple[str, Counted],
+) -> None:
+    base_url, counted = cache_aware
+    options: dict[str, Any] = {"turns": 4, "follow_ups": ["More."], "tools": None, "timeout": 10}
+    http = run_http(base_url, **options)
+    over_http, counted.summarized[:] = list(counted.summarized), []
+    socket = run_socket(base_url, **options)
+    assert socket.answer == http.answer == "7 items so far."
+    assert over_http == [1, 3, 5, 7]  # plain HTTP: the whole history, every turn
+    assert counted.summarized == [1]  # the socket: the first turn only, then new items
