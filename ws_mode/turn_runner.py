@@ -29,6 +29,7 @@ from .persistence import StoreLink, StoreUnavailable
 from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
 from .steering import Outcome, Steer, SteerInbox, Steering
+from .tokens import Tokens
 from .turn import Turn, build_body, tools_digest
 
 __all__ = ["TurnRunner"]
@@ -223,6 +224,10 @@ class TurnRunner:
         warm-up, which calls no handler)."""
         digest = tools_digest(create.tools)
         renderer = self.settings.renderer
+        if renderer is not None and previous is not None and previous.tokens is None:
+            # A parent made elsewhere (hydrated from the store): render its context once.
+            parent = previous
+            parent.defer_tokens(lambda: Tokens().extended(renderer(list(parent.context_items()))))
         current = Turn(
             previous=previous,
             new_input=create.items,
