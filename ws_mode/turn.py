@@ -204,6 +204,17 @@ def build_body(
 
 
 def _with_input(head: bytes, fragments: list[bytes]) -> bytes:
-    """`head`, an encoded object, with `"input": [...]` made of `fragments` added last."""
+    """`head`, an encoded object, with `"input": [...]` made of `fragments` added last.
+
+    One join of all the pieces: the history is copied once, into the body (joining the
+    fragments first would copy it twice, and make the allocator hand a history-sized block
+    back and forth every turn)."""
     # `fields` always holds `stream`, so `head` is a non-empty object: `{...}`.
-    return b"".join((head[:-1], b',"input":[', b",".join(fragments), b"]}"))
+    pieces = [head[:-1] + b',"input":[']
+    for fragment in fragments:
+        pieces.append(fragment)
+        pieces.append(b",")
+    if fragments:
+        pieces.pop()
+    pieces.append(b"]}")
+    return b"".join(pieces)
