@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import os
 import queue
+import re
 import socket
 import subprocess
 import sys
@@ -612,7 +613,11 @@ def test_ws_mode_proxy_command_answers_a_socket_turn(storing: str) -> None:
         banner = lines.get(timeout=20.0)
         assert f"ws://127.0.0.1:{port}/v1/responses" in banner, banner
         assert KEY not in banner
-        with sdk(f"http://127.0.0.1:{port}", api_key="sk-wrong") as client:
+        # The banner's SDK line works as printed (with a key of the proxy's own, any key does).
+        hint = re.search(r'OpenAI\(base_url="([^"]+)", api_key="([^"]+)"\)', banner)
+        assert hint is not None, banner
+        assert hint.group(1) == f"http://127.0.0.1:{port}/v1"
+        with sdk(f"http://127.0.0.1:{port}", api_key=hint.group(2)) as client:
             stored = client.responses.create(model="m", input="hello")  # over HTTP
             with client.responses.connect() as conn:
                 conn.response.create(model="m", previous_response_id=stored.id, input="again")

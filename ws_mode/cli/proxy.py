@@ -97,13 +97,15 @@ def _proxy(args: argparse.Namespace) -> int:
         store=args.store,
     )
     auth = "the configured key" if api_key else "the client's Authorization"
+    # The SDK refuses to start without a key: any will do when the proxy sets its own.
+    key_hint = '"unused"' if api_key else '"<the upstream\'s API key>"'
     slow = "" if aiohttp_installed() else " (aiohttp is not installed: httpx costs more CPU)"
 
     def banner(origin: str) -> str:
         return (
             f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
             f"{upstream.describe()} with {auth}{slow}; openai SDK: "
-            f'OpenAI(base_url="http://{origin}/v1")'
+            f'OpenAI(base_url="http://{origin}/v1", api_key={key_hint})'
         )
 
     run_server(app, args, limits, banner, "proxy", lifespan="on")
