@@ -121,6 +121,12 @@ class Tally:
     #: `websockets`' connect() may go on as if it was not).
     stopped: bool = False
 
+    def settle(self) -> None:
+        """Count one connection attempt as over (it succeeded or failed)."""
+        self.settled += 1
+        if self.settled == self.expected:
+            self.all_settled.set()
+
     def error(self, kind: str, detail: str) -> None:
         self.errors[kind] += 1
         if len(self.samples) < 20:
@@ -200,9 +206,7 @@ async def run_client(
         tally.error(f"connect:{type(exc).__name__}", f"{tag}: {exc}")
         return
     finally:
-        tally.settled += 1
-        if tally.settled == tally.expected:
-            tally.all_settled.set()
+        tally.settle()
     if tally.stopped:
         await sock.close()
         return

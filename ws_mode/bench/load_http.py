@@ -140,9 +140,7 @@ async def run_http_client(
             tally.error(f"connect:{type(exc).__name__}", f"{tag}: {exc}")
             return
         finally:
-            tally.settled += 1
-            if tally.settled == tally.expected:
-                tally.all_settled.set()
+            tally.settle()
         if tally.stopped:
             return
         tally.connected += count
