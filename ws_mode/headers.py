@@ -8,6 +8,7 @@ itself.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Final
 
@@ -36,16 +37,24 @@ def end_to_end(
 ) -> list[tuple[bytes, bytes]]:
     """`headers` (names lowercased) without the hop-by-hop ones, those their `Connection`
     header names, the WebSocket handshake's, and `also_dropped`."""
-    pairs = [(bytes(name).lower(), bytes(value)) for name, value in headers]
-    dropped = HOP_BY_HOP.union(also_dropped)
-    for name, value in pairs:
+    dropped = _dropped(also_dropped if isinstance(also_dropped, tuple) else tuple(also_dropped))
+    kept: list[tuple[bytes, bytes]] = []
+    named: set[bytes] | None = None  # what a `Connection` header names
+    for raw_name, raw_value in headers:
+        name = bytes(raw_name).lower()
+        value = bytes(raw_value)
         if name == b"connection":
-            dropped = dropped.union(token.strip().lower() for token in value.split(b","))
-    return [
-        (name, value)
-        for name, value in pairs
-        if name not in dropped and not name.startswith(b"sec-websocket-")
-    ]
+            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+        if name not in dropped and not name.startswith(b"sec-websocket-"):
+            kept.append((name, value))
+    if named:
+        kept = [(name, value) for name, value in kept if name not in named]
+    return kept
+
+
+@functools.lru_cache(maxsize=64)
+def _dropped(also_dropped: tuple[bytes, ...]) -> frozenset[bytes]:
+    return HOP_BY_HOP.union(also_dropped)
 
 
 def header(scope: Scope, wanted: bytes) -> bytes | None:
