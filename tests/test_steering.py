@@ -17,9 +17,19 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
+from websockets.sync.client import connect
 
 from ws_mode import WebSocketModeMiddleware, turn
-from ws_mode.steering import MAX_PENDING_STEERS
+from ws_mode.client_events import CreateEvent
+from ws_mode.items import Items
+from ws_mode.steering import (
+    MAX_PENDING_STEERS,
+    MAX_WAITING_RESPONSES,
+    Outcome,
+    Steer,
+    SteerInbox,
+    Steering,
+)
 
 from .servers import serve
 
@@ -307,3 +317,54 @@ def test_steering_can_be_switched_off() -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def test_a_response_compacting_automatically_cannot_be_steered(served: tuple[Model, str]) -> None:
+    model, base_url = served
+    url = base_url.replace("http", "ws", 1) + "/responses"
+    with connect(url) as socket:
+        create = {"type": "response.create", "model": "two", "input": "hi"}
+        socket.send(json.dumps({**create, "context_management": [{"type": "compaction"}]}))
+        refused = None
+        while True:
+            event = json.loads(socket.recv(timeout=10))
+            if event["type"] == "response.created":
+                socket.send(json.dumps({"type": "response.steer", "previous_response_id":
+                                        event["response"]["id"], "input": "x"}))  # fmt: skip
+            if event["type"] == "response.steer.failed":
+                refused = event
+                model.go.set()
+            if event["type"] in TERMINAL:
+                break
+    assert refused is not None
+    assert refused["error"]["code"] == "steering_not_supported"
+    assert "compaction" in refused["error"]["message"]
+    assert event["type"] == "response.completed"
+    assert len(model.inputs) == 1
+
+
+def test_input_waiting_behind_responses_is_bounded() -> None:
+    steering = Steering(enabled=True)
+    create = CreateEvent(fields={"model": "m"}, items=Items([]), input_text=None,
+                         input_sent=True, previous_response_id=None, stream_id=None,
+                         generate=True, tools=None)  # fmt: skip
+    call = [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]
+
+    async def waiting(number: int) -> None:
+        inbox = SteerInbox()
+        inbox.put(Steer(id=f"steer_{number}", target=f"resp_{number}", input="x", items=[]))
+        outcome = Outcome(inbox, f"resp_{number}", call)
+
+        async def send(event: dict[str, Any]) -> None:
+            assert event["type"] == "response.steer.pending"
+
+        assert await steering.follow(create, outcome, send) is None
+
+    async def main() -> None:
+        for number in range(MAX_WAITING_RESPONSES + 5):
+            await waiting(number)
+
+    asyncio.run(main())
+    assert len(steering.pending) == MAX_WAITING_RESPONSES
+    assert "resp_0" not in steering.pending  # the oldest went first
+    assert f"resp_{MAX_WAITING_RESPONSES + 4}" in steering.pending

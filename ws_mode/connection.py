@@ -280,7 +280,11 @@ class Connection:
         node = self.cache.get(target) if active is None else None
         lane = active.stream_id if active is not None else node.stream_id if node else None
         result = self.turns.steering.accept(
-            steer, active.inbox if active is not None else None, lane, known=node is not None
+            steer,
+            active.inbox if active is not None else None,
+            lane,
+            streaming=active is not None,
+            known=node is not None,
         )
         if isinstance(result, dict):
             await self.send_event(result)

@@ -157,6 +157,8 @@ STEER_MESSAGES = {
     "invalid_input": "The steering input is invalid: {detail}",
     "response_not_found": "Response with id '{id}' is not available on this connection.",
     "steering_not_supported": "Steering is switched off on this server.",
+    "not_steerable": "Responses bound to a conversation or using automatic compaction "
+    "(context_management) cannot be steered.",
     "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
     "steering input.",
     "too_many_pending_steers": "Too much steering input is pending for this response (at most "

@@ -34,6 +34,7 @@ from .protocol import STEER_MESSAGES, steer_failed_event
 __all__ = [
     "CLIENT_CALLS",
     "MAX_PENDING_STEERS",
+    "MAX_WAITING_RESPONSES",
     "Outcome",
     "Steer",
     "SteerInbox",
@@ -43,6 +44,10 @@ __all__ = [
 
 #: Steers one response may hold queued before more are refused (`too_many_pending_steers`).
 MAX_PENDING_STEERS: Final = 16
+
+#: Responses that may hold steering input waiting for the client's tool output; past this
+#: many, the oldest one's input is dropped (a client that never continued it).
+MAX_WAITING_RESPONSES: Final = 256
 
 #: Output items the client answers (a tool it runs, an approval it gives): a response is never
 #: cut after one, and one that ends with any waits for the client (`response.steer.pending`).
@@ -128,11 +133,18 @@ class Steering:
         self.pending: dict[str, list[Steer]] = {}
 
     def accept(
-        self, steer: SteerEvent, active: SteerInbox | None, lane: str | None, known: bool
+        self,
+        steer: SteerEvent,
+        active: SteerInbox | None,
+        lane: str | None,
+        *,
+        streaming: bool,
+        known: bool,
     ) -> Steer | dict[str, Any]:
-        """The accepted :class:`Steer` (already queued in `active`), or the
-        `response.steer.failed` event to answer with. `known`: the target is a response this
-        connection has (finished, when it is not `active`)."""
+        """The accepted :class:`Steer` (already queued in `active`, the inbox of the response
+        streaming now), or the `response.steer.failed` event to answer with. `streaming`: the
+        target is streaming (with no inbox: it cannot be steered); `known`: it is a response
+        this connection has finished."""
         target = steer.previous_response_id
 
         def failed(code: str, message: str) -> dict[str, Any]:
@@ -143,6 +155,8 @@ class Steering:
         problem = steer_input_problem(steer.input)
         if problem is not None:
             return failed("invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem))
+        if active is None and streaming:
+            return failed("steering_not_supported", STEER_MESSAGES["not_steerable"])
         if active is None:
             if known:
                 message = STEER_MESSAGES["response_already_completed"].format(id=target)
@@ -161,6 +175,13 @@ class Steering:
         )
         active.put(accepted)
         return accepted
+
+    @staticmethod
+    def steerable(create: CreateEvent) -> bool:
+        """Whether the response `create` asks for may be steered: not one bound to a
+        conversation or compacting automatically (as OpenAI's API has it)."""
+        fields = create.fields
+        return fields.get("conversation") is None and fields.get("context_management") is None
 
     def prepend_pending(self, create: CreateEvent) -> CreateEvent:
         """`create` with the input queued behind its parent prepended, in submission order
@@ -194,6 +215,8 @@ class Steering:
         stubs = required_input(outcome.output)
         if stubs:
             self.pending.setdefault(outcome.response_id, []).extend(steers)
+            while len(self.pending) > MAX_WAITING_RESPONSES:
+                del self.pending[next(iter(self.pending))]  # the oldest: never continued
             for steer in steers:
                 await send(outcome.numbered(pending_event(steer, stubs, lane)))
             return None

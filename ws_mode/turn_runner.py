@@ -82,7 +82,8 @@ class TurnRunner:
         create = self.steering.prepend_pending(create)
         committing: list[Steer] = []
         while True:
-            inbox = SteerInbox() if self.steering.enabled else None
+            steerable = self.steering.enabled and self.steering.steerable(create)
+            inbox = SteerInbox() if steerable else None
             outcome = await self._run_one(create, inbox)
             if committing and (outcome is None or outcome.response_id is None):
                 await self.steering.not_created(committing, create.stream_id, self._send_event)
