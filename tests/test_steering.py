@@ -20,9 +20,10 @@ from starlette.routing import Route
 from websockets.sync.client import connect
 
 from ws_mode import WebSocketModeMiddleware, turn
-from ws_mode.client_events import CreateEvent
+from ws_mode.client_events import CreateEvent, SteerEvent
 from ws_mode.items import Items
 from ws_mode.steering import (
+    MAX_PENDING_STEER_BYTES,
     MAX_PENDING_STEERS,
     MAX_WAITING_RESPONSES,
     Outcome,
@@ -368,3 +369,20 @@ def test_input_waiting_behind_responses_is_bounded() -> None:
     assert len(steering.pending) == MAX_WAITING_RESPONSES
     assert "resp_0" not in steering.pending  # the oldest went first
     assert f"resp_{MAX_WAITING_RESPONSES + 4}" in steering.pending
+
+
+def test_steering_input_is_bounded_in_bytes_too() -> None:
+    steering = Steering(enabled=True)
+    inbox = SteerInbox()
+    half = "x" * (MAX_PENDING_STEER_BYTES // 2)
+    for _ in range(2):
+        accepted = steering.accept(
+            SteerEvent("resp_1", half[:-16]), inbox, None, streaming=True, known=False
+        )
+        assert isinstance(accepted, Steer)
+    refused = steering.accept(
+        SteerEvent("resp_1", "y" * 64), inbox, None, streaming=True, known=False
+    )
+    assert isinstance(refused, dict)
+    assert refused["error"]["code"] == "too_many_pending_steers"
+    assert len(inbox.steers) == 2

@@ -162,7 +162,7 @@ STEER_MESSAGES = {
     "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
     "steering input.",
     "too_many_pending_steers": "Too much steering input is pending for this response (at most "
-    "{limit} submissions).",
+    "{limit} submissions, 16 MiB in all).",
     "response_not_active": "The response ended before the steering input could be applied.",
     "successor_creation_failed": "The response continuing with the steering input could not "
     "be created.",

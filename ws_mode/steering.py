@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from .client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
 from .items import Items
 from .protocol import STEER_MESSAGES, steer_failed_event
@@ -34,6 +36,7 @@ from .protocol import STEER_MESSAGES, steer_failed_event
 __all__ = [
     "CLIENT_CALLS",
     "MAX_PENDING_STEERS",
+    "MAX_PENDING_STEER_BYTES",
     "MAX_WAITING_RESPONSES",
     "Outcome",
     "Steer",
@@ -44,6 +47,8 @@ __all__ = [
 
 #: Steers one response may hold queued before more are refused (`too_many_pending_steers`).
 MAX_PENDING_STEERS: Final = 16
+#: The bytes of steering input one response may hold queued (`too_many_pending_steers` past it).
+MAX_PENDING_STEER_BYTES: Final = 16 * 1024 * 1024
 
 #: Responses that may hold steering input waiting for the client's tool output; past this
 #: many, the oldest one's input is dropped (a client that never continued it).
@@ -70,6 +75,7 @@ class Steer:
     target: str
     input: Any  # as the client sent it: returned as is when it cannot be committed
     items: list[dict[str, Any]]
+    size: int = 0  # the input's encoded bytes
 
 
 def _items(value: Any) -> list[dict[str, Any]]:
@@ -164,7 +170,9 @@ class Steering:
             return failed(
                 "response_not_found", STEER_MESSAGES["response_not_found"].format(id=target)
             )
-        if len(active.steers) >= MAX_PENDING_STEERS:
+        size = len(orjson.dumps(steer.input))
+        queued = sum(waiting.size for waiting in active.steers)
+        if len(active.steers) >= MAX_PENDING_STEERS or queued + size > MAX_PENDING_STEER_BYTES:
             message = STEER_MESSAGES["too_many_pending_steers"].format(limit=MAX_PENDING_STEERS)
             return failed("too_many_pending_steers", message)
         accepted = Steer(
@@ -172,6 +180,7 @@ class Steering:
             target=target,
             input=steer.input,
             items=_items(steer.input),
+            size=size,
         )
         active.put(accepted)
         return accepted
