@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from websockets.sync.client import connect
 
@@ -65,14 +65,24 @@ class Model:
                 return
             await asyncio.sleep(0.01)
 
-    async def handle(self, request: Request) -> StreamingResponse:
+    async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.inputs.append(body["input"])
         number = len(self.inputs)
         response = {"id": f"resp_{number}", "object": "response", "status": "in_progress",
                     "model": body["model"], "output": []}  # fmt: skip
-        stream = {"two": self._two, "tool": self._tool, "claim": self._claim}[body["model"]]
+        model = body["model"]
+        if number > 1 and model == "successor-refused":  # the successor fails before it starts
+            return JSONResponse({"error": {"message": "no", "type": "server_error"}}, 500)
+        if number > 1 and model == "successor-breaks":  # ... or after its response.created
+            return StreamingResponse(self._breaks(response), media_type="text/event-stream")
+        stream = {"two": self._two, "tool": self._tool, "claim": self._claim}.get(model, self._two)
         return StreamingResponse(stream(response, request), media_type="text/event-stream")
+
+    async def _breaks(self, response: dict[str, Any]) -> AsyncIterator[str]:
+        yield _sse([{"type": "response.created", "response": response}])[0]
+        error = {"type": "error", "code": "server_error", "message": "broke", "param": None}
+        yield _sse([error])[0]
 
     async def _deltas(
         self, index: int, item: dict[str, Any], words: list[str]
@@ -255,6 +265,46 @@ def test_a_handler_may_take_the_input_itself(served: tuple[Model, str]) -> None:
     assert event.type == "response.completed"
     assert event.response.output_text == "[heard: faster]"
     assert len(model.inputs) == 1  # no successor: the handler applied it
+
+
+@pytest.mark.parametrize(
+    ("model", "returned"), [("successor-refused", True), ("successor-breaks", False)]
+)
+def test_a_successor_failing_returns_the_input_only_before_it_started(
+    served: tuple[Model, str], model: str, returned: bool
+) -> None:
+    # Its `response.created` is the commit point: before it the input comes back in
+    # response.steer.failed (successor_creation_failed); after it the failure is the response's.
+    test_model, base_url = served
+    client = OpenAI(base_url=base_url, api_key="-")
+    seen: list[Any] = []
+    with client.responses.connect() as connection:
+        connection.response.create(model=model, input="hi")
+        for event in connection:
+            seen.append(event)
+            if event.type == "response.created" and len(seen) == 1:
+                connection.response.steer(input="left", previous_response_id=event.response.id)
+            if event.type == "response.steer.accepted":
+                test_model.go.set()
+            if event.type == ("response.steer.failed" if returned else "error"):
+                break
+        # One more turn: anything the failure still brought arrives before its answer.
+        connection.response.create(model="two", input="again")
+        for event in connection:
+            seen.append(event)
+            if event.type == "response.completed":
+                break
+    accepted = next(event for event in seen if event.type == "response.steer.accepted")
+    failed = [event for event in seen if event.type == "response.steer.failed"]
+    if returned:
+        assert len(failed) == 1
+        assert failed[0].error.code == "successor_creation_failed"
+        assert failed[0].steer.id == accepted.steer.id
+        assert failed[0].steer.input == "left"
+    else:
+        assert failed == []
+        assert "error" in [event.type for event in seen]
+        assert any(e.type == "response.created" and e.response.id == "resp_2" for e in seen)
 
 
 def test_refusals_carry_their_codes(served: tuple[Model, str]) -> None:

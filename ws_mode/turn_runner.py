@@ -211,8 +211,7 @@ class TurnRunner:
                     await stream.event(server_error("The server failed to run this request."))
         if inbox is None:
             return None
-        response_id = stream.response_id if stream.succeeded else None
-        return Outcome(inbox, response_id, stream.output, stream.next_sequence_number())
+        return Outcome(inbox, stream.response_id, stream.output, stream.next_sequence_number())
 
     def _prepare(
         self,
