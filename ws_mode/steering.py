@@ -22,6 +22,7 @@ A handler may take the input itself instead: `Turn.claim_steering()` early in th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -243,8 +244,9 @@ class Steering:
 
 @dataclass(slots=True)
 class Outcome:
-    """How a response that had a steering inbox ended: its id and output when it finished
-    (None when it failed or never started), and the inbox."""
+    """How a response that had a steering inbox ended: its id once `response.created` went out
+    (None when it never started), its output when it finished well (None when it failed), and
+    the inbox."""
 
     inbox: SteerInbox
     response_id: str | None
@@ -262,16 +264,13 @@ class Outcome:
 def _with_input(
     create: CreateEvent, items: list[dict[str, Any]], *, previous_response_id: str | None = None
 ) -> CreateEvent:
-    return CreateEvent(
-        fields=create.fields,
+    return dataclasses.replace(
+        create,
         items=Items(items),
         input_text=None,
         input_sent=True,
         previous_response_id=previous_response_id or create.previous_response_id,
-        stream_id=create.stream_id,
         generate=True,
-        tools=create.tools,
-        size=create.size,
     )
 
 
