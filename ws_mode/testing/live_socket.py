@@ -13,7 +13,6 @@ from typing import Any, Final
 
 import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.sync.client import connect as sync_connect
 
 from ..protocol import TERMINAL_EVENTS
 from ..tools.clients import CLOSE_TIMEOUT, FrameError, SyncSocket, connect, socket_url
@@ -70,26 +69,15 @@ class LiveOptions:
 def open_socket(target: Target, options: LiveOptions, *, pings: bool = True) -> SyncSocket:
     """A socket at ``target``, uncompressed (sizes are what the wire carries). ``pings=False``
     opens it without the client's keep-alive pings, as a client that never pings sees the
-    deployment (the tools' client always pings)."""
-    if pings:
-        return connect(
-            target.base,
-            target.path,
-            headers=options.headers,
-            open_timeout=options.timeout,
-            compression=False,
-        )
-    connection = sync_connect(
-        target.url,
+    deployment."""
+    return connect(
+        target.base,
+        target.path,
+        headers=options.headers,
         open_timeout=options.timeout,
-        additional_headers=dict(options.headers),
-        compression=None,
-        max_size=None,
-        proxy=None,
-        close_timeout=CLOSE_TIMEOUT,
-        ping_interval=None,
+        compression=False,
+        pings=pings,
     )
-    return SyncSocket(connection)
 
 
 def close_code(socket: SyncSocket) -> int | None:

@@ -193,13 +193,16 @@ def connect(
     headers: Mapping[str, str] | None = None,
     open_timeout: float | None = 60.0,
     compression: bool = True,
+    pings: bool = True,
 ) -> SyncSocket:
-    """Open a socket at :func:`socket_url` ``(base_url, path)``. Raises what
+    """Open a socket at :func:`socket_url` ``(base_url, path)``; ``pings=False`` opens it
+    without keep-alive pings (as a client that never pings sees a deployment). Raises what
     ``websockets.sync.client.connect`` raises (InvalidURI, InvalidHandshake, TimeoutError,
     OSError)."""
-    connection = sync_connect(
-        socket_url(base_url, path), open_timeout=open_timeout, **_options(headers, compression)
-    )
+    options = _options(headers, compression)
+    if not pings:
+        options["ping_interval"] = None
+    connection = sync_connect(socket_url(base_url, path), open_timeout=open_timeout, **options)
     return SyncSocket(connection)
 
 
