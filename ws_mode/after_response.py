@@ -11,6 +11,7 @@ from typing import Any, Final
 from .cache import CachedResponse
 from .handler_call import ClientGone
 from .hooks import call_hook
+from .logs import for_log
 from .settings import Settings
 from .turn import Turn
 
@@ -49,7 +50,7 @@ class AfterResponses:
             if hook is not None:
                 await call_hook(hook, current, response)
         except Exception:
-            logger.exception("post-response work failed for %s", node.id)
+            logger.exception("post-response work failed for %s", for_log(node.id))
 
     async def finish(self) -> None:
         """Give work still running a grace period, then cancel it."""

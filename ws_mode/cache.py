@@ -15,6 +15,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from .items import Items, encode_items
+from .logs import for_log
 from .tokens import Tokens
 
 __all__ = [
@@ -237,7 +238,7 @@ class ResponseCache:
                 logger.warning(
                     "response %s: its conversation (%d bytes) is larger than max_cached_bytes "
                     "(%d); not cached (this is logged once per connection)",
-                    node.id,
+                    for_log(node.id),
                     node.chain_size,
                     self._max_bytes,
                 )

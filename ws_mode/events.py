@@ -19,6 +19,7 @@ import orjson
 from orjson import JSONDecodeError, loads
 
 from .cache import decoded_size
+from .logs import for_log
 from .protocol import (
     DECODED_EVENTS,
     FAILURE_EVENTS,
@@ -285,7 +286,7 @@ def lifecycle_events(
     status = response.get("status") or "completed"
     terminal = TERMINAL_EVENT_BY_STATUS.get(status)
     if terminal is None:
-        logger.warning("the handler answered with a response whose status is %r", status)
+        logger.warning("the handler answered with a response whose status is %s", for_log(status))
         yield server_error(
             f"The handler answered with a response whose status is {status!r}, not finished."
         )

@@ -31,6 +31,7 @@ from .client_events import (
     SteerEvent,
     parse_client_event,
 )
+from .logs import for_log
 
 __all__ = ["OFF_LOOP_BYTES", "parse_frame"]
 
@@ -123,7 +124,7 @@ class _Pool:
             return event
         if kind == "refused":
             raise value
-        logger.error("parsing a frame in a helper process failed: %s", value)
+        logger.error("parsing a frame in a helper process failed: %s", for_log(value))
         return None
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import orjson
 from .asgi import ASGIApp, Message, Receive, Scope
 from .events import lifecycle_events
 from .headers import end_to_end, header
+from .logs import for_log
 from .protocol import error_event, server_error
 from .sse import SSEDecoder
 
@@ -221,7 +222,7 @@ class HandlerCall:
                 logger.warning(
                     "the handler answered a WebSocket mode turn with HTTP %d: %s",
                     self.status,
-                    body[:200].decode("utf-8", "replace"),
+                    for_log(body),
                 )
             await self.sink.event(_error_from_answer(self.status, body))
             return
@@ -238,7 +239,7 @@ class HandlerCall:
             logger.warning(
                 "the handler answered HTTP %d with an error body: %s",
                 self.status,
-                body[:200].decode("utf-8", "replace"),
+                for_log(body),
             )
             await self.sink.event(_error_from_answer(500, body))
             return
@@ -251,8 +252,8 @@ class HandlerCall:
                 "the handler answered HTTP %d with %s, neither an event stream "
                 "(text/event-stream) nor a response object (application/json): %s",
                 self.status,
-                self._content_type.decode("latin-1") or "no content-type",
-                body[:200].decode("utf-8", "replace"),
+                for_log(self._content_type) if self._content_type else "no content-type",
+                for_log(body),
             )
             await self.sink.event(
                 server_error("The handler answered with neither an event stream nor a response.")

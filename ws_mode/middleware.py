@@ -166,7 +166,6 @@ class WebSocketModeMiddleware:
         self._draining = False
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
-        logs.install()
         self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
 
     async def drain(self, grace: float | None = None) -> None:

@@ -19,6 +19,7 @@ from .asgi import Scope
 from .auth import bearer_token
 from .cache import CachedResponse, ResponseCache, decoded_size
 from .items import Items
+from .logs import for_log
 from .stats import Stats
 from .store import ResponseStore, StoredResponse, chain_of
 
@@ -36,7 +37,8 @@ RACE_SECONDS = 0.05
 
 
 class StoreUnavailable(Exception):
-    """The store could not answer a hydration."""
+    """The store could not answer a hydration. Its message is generic; the store's error is
+    its `__cause__`, and was logged."""
 
 
 def store_scope(principal: Any, scope: Scope) -> str:
@@ -64,8 +66,8 @@ async def load_chain(
                 records = await store.get_chain(owner, response_id)
     except Exception as exc:
         stats.store_failures += 1
-        logger.warning("the store failed to hydrate %s: %r", response_id, exc)
-        raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+        logger.warning("the store failed to hydrate %s: %s", for_log(response_id), for_log(exc))
+        raise StoreUnavailable("the response store is unavailable") from exc
     return chain_of(records, response_id)
 
 
@@ -76,7 +78,7 @@ async def keep(store: ResponseStore, stats: Stats, owner: str, record: StoredRes
             await store.put(owner, record)
     except Exception as exc:
         stats.store_failures += 1
-        logger.warning("the store failed to keep %s: %r", record.id, exc)
+        logger.warning("the store failed to keep %s: %s", for_log(record.id), for_log(exc))
         return
     stats.store_writes += 1
 

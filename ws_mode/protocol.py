@@ -25,6 +25,7 @@ __all__ = [
     "error_event",
     "json_answer",
     "not_found",
+    "quoted_id",
     "server_error",
     "steer_failed_event",
     "store_unavailable",
@@ -100,6 +101,17 @@ def encode_event(event: dict[str, Any]) -> str:
     return orjson.dumps(event).decode()
 
 
+#: How much of an id the client sent an error message quotes. Ids are about 50 characters; a
+#: longer one is cut rather than echoed whole (the client has its own copy).
+QUOTED_ID_CHARS = 128
+
+
+def quoted_id(value: str) -> str:
+    """An id the client sent, as an error message quotes it: whole up to `QUOTED_ID_CHARS`
+    characters, else its start and `...`."""
+    return value if len(value) <= QUOTED_ID_CHARS else value[:QUOTED_ID_CHARS] + "..."
+
+
 def not_found(response_id: str, stream_id: str | None, why: str | None = None) -> dict[str, Any]:
     """`previous_response_not_found`: the client's documented recovery is to resend the full
     context with `previous_response_id` null."""
@@ -108,20 +120,22 @@ def not_found(response_id: str, stream_id: str | None, why: str | None = None) -
         400,
         "invalid_request_error",
         "previous_response_not_found",
-        f"Previous response with id '{response_id}' not found{reason}.",
+        f"Previous response with id '{quoted_id(response_id)}' not found{reason}.",
         param="previous_response_id",
         stream_id=stream_id,
     )
 
 
-def store_unavailable(response_id: str, why: object, stream_id: str | None) -> dict[str, Any]:
-    """`store_unavailable`: the response is not cached and the store could not be asked."""
+def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]:
+    """`store_unavailable`: the response is not cached and the store could not be asked. Why
+    not (the store's address, its client library's error) is for the operator's log, never
+    for the client."""
     return error_event(
         503,
         "server_error",
         "store_unavailable",
-        f"Previous response with id '{response_id}' is not cached on this connection and the "
-        f"response store could not be reached ({why}); retry, or resend the full context.",
+        f"Previous response with id '{quoted_id(response_id)}' is not cached on this connection "
+        "and the response store is unavailable; retry, or resend the full context.",
         param="previous_response_id",
         stream_id=stream_id,
     )

@@ -3,7 +3,9 @@
 uvicorn closes every WebSocket (code 1012) as soon as it starts shutting down, before the
 application's lifespan shutdown runs, so the middleware cannot give running turns a grace
 period from there. `Server` drains the middlewares first: running turns finish (up to
-`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect.
+`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect. It also
+drops uvicorn's spurious error line after the upgrades ws_mode refused
+(`ws_mode.logs.RefusalLineFilter`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from . import logs
 from .middleware import WebSocketModeMiddleware, find_middlewares
 
 __all__ = ["Server", "find_middlewares"]
@@ -31,6 +34,8 @@ class Server(uvicorn.Server):
         middlewares: Sequence[WebSocketModeMiddleware] | None = None,
     ) -> None:
         super().__init__(config)
+        # uvicorn is started on purpose here, so its spurious line after a refusal is dropped.
+        logs.filter_uvicorn_refusals()
         self.middlewares = (
             list(middlewares) if middlewares is not None else find_middlewares(config.app)
         )

@@ -27,8 +27,9 @@ from .auth import AuthenticationFailed, authenticate, failure_code
 from .client_events import text_input
 from .handler_call import replay_body
 from .items import encode_items
+from .logs import for_log
 from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
-from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer
+from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer, quoted_id
 from .settings import Settings
 from .sse import SSEDecoder, encode_sse
 from .store import ResponseStore, StoredResponse
@@ -79,11 +80,15 @@ class StatefulHTTP:
                     record = (await self.store.get_chain(owner, response_id)).get(response_id)
                     found = record is not None
         except Exception as exc:
-            logger.warning("the store failed to answer for %s: %r", response_id, exc)
+            logger.warning(
+                "the store failed to answer for %s: %s", for_log(response_id), for_log(exc)
+            )
             await _answer(send, 503, "store_unavailable", "The response store is unavailable.")
             return
         if not found:
-            await _answer(send, 404, "not_found", f"No response with id '{response_id}' found.")
+            await _answer(
+                send, 404, "not_found", f"No response with id '{quoted_id(response_id)}' found."
+            )
         elif record is not None:
             await _json(send, 200, record.response)
         else:
@@ -114,7 +119,7 @@ class StatefulHTTP:
                 await _answer(send, 503, "store_unavailable", message, param="previous_response_id")
                 return
             if found is None:
-                message = f"Previous response with id '{parent_id}' not found."
+                message = f"Previous response with id '{quoted_id(parent_id)}' not found."
                 await _answer(
                     send, 400, "previous_response_not_found", message, param="previous_response_id"
                 )

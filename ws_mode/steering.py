@@ -32,7 +32,7 @@ import orjson
 
 from .client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
 from .items import Items
-from .protocol import STEER_MESSAGES, steer_failed_event
+from .protocol import STEER_MESSAGES, quoted_id, steer_failed_event
 
 __all__ = [
     "CLIENT_CALLS",
@@ -166,10 +166,11 @@ class Steering:
             return failed("steering_not_supported", STEER_MESSAGES["not_steerable"])
         if active is None:
             if known:
-                message = STEER_MESSAGES["response_already_completed"].format(id=target)
+                message = STEER_MESSAGES["response_already_completed"].format(id=quoted_id(target))
                 return failed("response_already_completed", message)
             return failed(
-                "response_not_found", STEER_MESSAGES["response_not_found"].format(id=target)
+                "response_not_found",
+                STEER_MESSAGES["response_not_found"].format(id=quoted_id(target)),
             )
         size = len(orjson.dumps(steer.input))
         queued = sum(waiting.size for waiting in active.steers)

@@ -112,9 +112,9 @@ class TurnRunner:
                         previous = await self.store.hydrate(
                             create.previous_response_id, create.stream_id, self.cache
                         )
-                    except StoreUnavailable as exc:
+                    except StoreUnavailable:  # its detail is in the log, not for the client
                         await self.send_error(
-                            store_unavailable(create.previous_response_id, exc, create.stream_id)
+                            store_unavailable(create.previous_response_id, create.stream_id)
                         )
                         return None
             if previous is not None:

@@ -25,7 +25,7 @@ from ws_mode.tools import rollout
 from ws_mode.tools.clients import connect
 
 from ..redis_server import RedisServer
-from ..servers import ws_mode_serve
+from ..servers import first_line, ws_mode_serve
 
 NUMBER = r"[\d.]+"
 SIZE = rf"{NUMBER} (?:B|KiB|MiB)"
@@ -133,6 +133,25 @@ def test_serve_with_a_store_continues_a_response_on_a_new_socket(
         assert event["type"] == "response.completed", event
     else:
         assert event["error"]["code"] == "previous_response_not_found"
+
+
+def test_serve_prints_ws_modes_warnings_in_uvicorns_style(tmp_path: Path) -> None:
+    # The library configures no logging; the command does. A Redis that is down gives the
+    # client a generic error and the operator the address, on the command's output.
+    redis_server = RedisServer().start()
+    redis_server.stop()
+    with ws_mode_serve("--store", redis_server.url, cwd=tmp_path) as served:
+        with connect(served.origin) as socket:
+            socket.send(
+                {"type": "response.create", "model": "m", "input": "hi",
+                 "previous_response_id": "resp_gone"}
+            )  # fmt: skip
+            event = socket.receive_turn(timeout=10)[-1]
+        assert event["error"]["code"] == "store_unavailable"
+        assert str(redis_server.port) not in event["error"]["message"]
+        line = first_line(served.process, "WARNING:  ws_mode.persistence: ", timeout=10)
+    assert "'resp_gone'" in line
+    assert f"127.0.0.1:{redis_server.port}" in line
 
 
 def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

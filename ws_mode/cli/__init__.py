@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from .. import __version__
+from .. import __version__, logs
 from . import bench, check, demo, proxy, serve
 from .common import PROG, CommandError
 from .serve import build_app
@@ -59,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    # A program, unlike the library, may configure logging: ws_mode's warnings on stderr in
+    # uvicorn's style, and uvicorn's spurious line after ws_mode's refusals dropped.
+    logs.show_on_stderr()
+    logs.filter_uvicorn_refusals()
     try:
         return run(args)
     except CommandError as exc:

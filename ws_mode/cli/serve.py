@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast, get_args
 
+from .. import logs
 from ..limits import Limits
 from ..middleware import FullContext, WebSocketModeMiddleware
 from ..store import ResponseStore
@@ -136,7 +137,10 @@ def _variable(environ: Mapping[str, str], field: str, parse: Callable[[str], Any
 
 def app_from_environment() -> WebSocketModeMiddleware:
     """The app of one worker of ``ws-mode serve --workers N``, from the ``WS_MODE_SERVE_*``
-    environment variables (:data:`ENVIRONMENT`): an app factory for any ASGI server."""
+    environment variables (:data:`ENVIRONMENT`): an app factory for any ASGI server. Like the
+    command, it prints ws_mode's warnings in uvicorn's style (`ws_mode.logs`)."""
+    logs.show_on_stderr()  # each worker is a process of the command's own
+    logs.filter_uvicorn_refusals()
     return ServeSettings.from_environment(os.environ).build()
 
 

@@ -18,6 +18,7 @@ import httpx
 from ws_mode.asgi import Send
 from ws_mode.errors import ConfigError
 from ws_mode.headers import end_to_end
+from ws_mode.logs import for_log
 from ws_mode.protocol import error_body, json_answer
 from ws_mode.sse import encode_sse
 
@@ -202,4 +203,6 @@ class UpstreamError(Exception):
 def log_failure(error: UpstreamError, method: str, url: str) -> None:
     """Log a failed upstream request for the operator: its address goes here, never to the
     client."""
-    logger.warning("proxying %s %s failed: %r", method, public_url(url), error.cause)
+    logger.warning(
+        "proxying %s %s failed: %s", for_log(method), for_log(public_url(url)), for_log(error.cause)
+    )
