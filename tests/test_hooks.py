@@ -1,18 +1,26 @@
 """The application's hooks never block the event loop: a plain function runs in a worker
-thread, an async one on the loop, over a real socket."""
+thread, an async one on the loop, over a real socket. Sync hooks of different sockets run at
+once (outside Django, whose ORM needs them in one thread: tests/examples/test_django_hooks.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from websockets.sync.client import connect
 
-from ws_mode import Turn, WebSocketModeMiddleware
+from ws_mode import Turn, WebSocketModeMiddleware, hooks
 from ws_mode.hooks import call_hook, is_async
 
 from .servers import serve
@@ -81,6 +89,83 @@ async def _value() -> int:
 
 
 def test_a_sync_function_handing_back_a_coroutine_is_awaited() -> None:
-    import asyncio
-
     assert asyncio.run(call_hook(lambda: _value())) == 7
+
+
+HOOK_SECONDS = 0.2
+
+
+@pytest.fixture
+def not_django(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another test of this process may have set the example Django project up; this is about
+    # an application without Django (its detection: test_django_is_detected_by_its_settings).
+    monkeypatch.setattr(hooks, "django_configured", lambda: False)
+
+
+@pytest.mark.usefixtures("not_django")
+def test_sync_authenticate_hooks_of_concurrent_handshakes_run_at_once() -> None:
+    threads: set[str] = set()
+
+    def authenticate(scope: Any) -> str:
+        threads.add(threading.current_thread().name)
+        time.sleep(HOOK_SECONDS)  # a database, an auth service
+        return "alice"
+
+    app = WebSocketModeMiddleware(
+        Starlette(routes=[Route("/v1/responses", handler, methods=["POST"])]),
+        authenticate=authenticate,
+    )
+
+    def handshake(url: str) -> None:
+        with connect(url, open_timeout=30):
+            pass
+
+    with serve(app) as base_url, ThreadPoolExecutor(10) as clients:
+        url = base_url.replace("http", "ws", 1) + "/v1/responses"
+        handshake(url)  # warm: the server's first connection, the hook pool's first thread
+        started = time.perf_counter()
+        handshake(url)
+        single = time.perf_counter() - started
+        started = time.perf_counter()
+        list(clients.map(handshake, [url] * 10))
+        ten = time.perf_counter() - started
+    assert single >= HOOK_SECONDS
+    # One at a time, ten take ten times one (2.0 s against 0.2 s before the fix).
+    assert ten < 5 * single, (ten, single)
+    assert all(name.startswith("ws_mode-hook") for name in threads), threads  # not the loop's
+
+
+@pytest.mark.usefixtures("not_django")
+def test_sync_hooks_run_at_once_through_call_hook() -> None:
+    def hook(value: int) -> int:
+        time.sleep(HOOK_SECONDS)
+        return value
+
+    async def timed(calls: int) -> float:
+        started = time.perf_counter()
+        assert await asyncio.gather(*(call_hook(hook, n) for n in range(calls))) == list(
+            range(calls)
+        )
+        return time.perf_counter() - started
+
+    single = asyncio.run(timed(1))
+    ten = asyncio.run(timed(10))
+    assert ten < 5 * single, (ten, single)
+
+
+def test_django_is_detected_by_its_settings() -> None:
+    code = """
+        import django.conf
+        from ws_mode.hooks import django_configured
+        print(django_configured())  # imported, not configured: not a Django project
+        django.conf.settings.configure()
+        print(django_configured())
+        """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["False", "True"]
