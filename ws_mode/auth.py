@@ -4,9 +4,10 @@ The middleware calls `authenticate(scope)` before accepting a socket. The hook r
 principal the connection's turns then carry (`Turn.principal`), or raises
 `AuthenticationFailed` to refuse the upgrade with 401 or 403. A plain function runs in a
 worker thread (`ws_mode.hooks`), so it may use Django's ORM or any blocking call. With
-`reauthenticate_seconds` the hook runs again, on the same handshake, before a turn once that
-long has passed (0: before every turn), so a revoked credential stops working on open sockets
-too.
+`reauthenticate_seconds` the hook runs again, on the same handshake, once that long has
+passed, before each piece of work (0: before every one): a create as it starts to run, a
+`response.steer`, each successor turn a steer starts. A revoked credential stops working on
+open sockets too, and a create queued before the revocation never runs after it.
 
 Browsers cannot set `Authorization` on a WebSocket upgrade; they can offer subprotocols. A
 client may pass its token as a subprotocol `bearer.<token>` next to the protocol it speaks:
