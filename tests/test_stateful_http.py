@@ -16,6 +16,8 @@ from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.store import MemoryStore
 from ws_mode.tools.loopback import ServerThread
 
+from .principals import by_bearer_token
+
 FIELDS: dict[str, Any] = {"model": "reference"}
 KEY = {"Authorization": "Bearer sk-one"}
 TERMINAL = ("response.completed", "response.failed", "error")
@@ -32,7 +34,9 @@ class Running:
 def running() -> Iterator[Running]:
     reference = create_app(ReferenceConfig(tool_calls=2, answer_tokens=4))
     store = MemoryStore()
-    app = WebSocketModeMiddleware(reference, store=store, stateful_http=True)
+    app = WebSocketModeMiddleware(
+        reference, store=store, stateful_http=True, authenticate=by_bearer_token
+    )
     with ServerThread(app) as base_url, ServerThread(reference) as plain:
         yield Running(base_url, store, plain)
 
@@ -149,7 +153,7 @@ def test_stateful_http_needs_a_store() -> None:
 
 def test_without_stateful_http_plain_http_reaches_the_handler_untouched() -> None:
     reference = create_app()
-    app = WebSocketModeMiddleware(reference, store=MemoryStore())
+    app = WebSocketModeMiddleware(reference, store=MemoryStore(), authenticate=by_bearer_token)
     with ServerThread(app) as base_url:
         answer = post(base_url, input="Hi", previous_response_id="resp_anything")
     # The stateless handler itself refuses an id it cannot resolve.

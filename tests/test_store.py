@@ -22,6 +22,8 @@ from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.store import MemoryStore, StoredResponse, chain_of
 from ws_mode.tools.loopback import ServerThread
 
+from .principals import by_bearer_token
+
 TERMINAL = ("response.completed", "response.failed", "response.incomplete", "error")
 TOOLS = [
     {
@@ -114,7 +116,10 @@ class Workers:
         self.store = store
         app = create_app(ReferenceConfig(tool_calls=3, answer_tokens=4))
         self.http_app = app
-        self.middlewares = [WebSocketModeMiddleware(app, store=store) for _ in range(2)]
+        self.middlewares = [
+            WebSocketModeMiddleware(app, store=store, authenticate=by_bearer_token)
+            for _ in range(2)
+        ]
         self.servers = [ServerThread(middleware) for middleware in self.middlewares]
         self.urls: list[str] = []
 

@@ -21,6 +21,7 @@ from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.store import MemoryStore
 
+from .principals import by_bearer_token
 from .servers import serve
 
 LIFETIME = 1.5
@@ -43,6 +44,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
         create_app(ReferenceConfig(tool_calls=2, answer_tokens=5)),
         limits=Limits(max_connection_seconds=LIFETIME),
         store=MemoryStore() if request.param == "store" else None,
+        authenticate=by_bearer_token,  # the SDK's api_key: each key keeps its own responses
     )
     with serve(middleware, "uvicorn") as base_url:
         yield Server(base_url, middleware, stored=request.param == "store")

@@ -41,6 +41,7 @@ def test_a_hydrated_parent_has_its_contexts_tokens() -> None:
         full_context="on_miss",
         renderer=render,
         store=MemoryStore(),
+        shared_store=True,  # one client, no credentials
     )
     create = {"type": "response.create", "model": "m", "store": True}
 

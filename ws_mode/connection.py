@@ -58,7 +58,12 @@ class Connection:
             max_bytes=self.limits.max_cached_bytes,
         )
         self.turns = TurnRunner(
-            settings, scope, self.cache, send_text=self.send_text, send_error=self.send_error
+            settings,
+            scope,
+            self.cache,
+            send_text=self.send_text,
+            send_error=self.send_error,
+            before_successor=self._check_credentials,
         )
         self.lanes = Lanes(
             self.limits, run=self._run_turn, refuse=self._refuse, ends_lane=(ClientGone,)
@@ -71,12 +76,19 @@ class Connection:
         self._stalled = False
         self._active_at = 0.0  # the loop time of the last frame or finished turn
         self._authenticated_at = 0.0
+        self._owner: str | None = None  # whose stored responses this connection sees
+        self._refused = False  # the credentials were refused: nothing more runs
 
     # The socket.
 
-    async def run(self, *, principal: Any = None, subprotocol: str | None = None) -> None:
-        """Accept the socket and serve it; return when it is closed."""
-        self._set_principal(principal)
+    async def run(
+        self, *, principal: Any = None, owner: str | None = None, subprotocol: str | None = None
+    ) -> None:
+        """Accept the socket and serve it as `principal`, whose stored responses are those of
+        `owner` (`ws_mode.persistence.store_scope`); return when it is closed."""
+        self.turns.principal, self._owner = principal, owner
+        if self.settings.store is not None and owner is not None:
+            self.turns.store = StoreLink(self.settings.store, self.stats, owner)
         self._authenticated_at = asyncio.get_running_loop().time()
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
@@ -255,8 +267,7 @@ class Connection:
         try:
             event = await parse_frame(text)
             if isinstance(event, CreateEvent):
-                await self._check_credentials()
-                self._submit(event)
+                self._submit(event)  # its credentials are checked when it starts running
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
             # A `response.processed` acknowledgement needs no answer.
@@ -273,6 +284,7 @@ class Connection:
         return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
 
     async def _on_steer(self, steer: SteerEvent) -> None:
+        await self._check_credentials()
         target = steer.previous_response_id
         active = next(
             (s for s in self.turns.streams if s.response_id == target and not s.finished), None
@@ -307,32 +319,41 @@ class Connection:
             )
         self.lanes.submit(create)
 
-    def _set_principal(self, principal: Any) -> None:
-        self.turns.principal = principal
-        store = self.settings.store
-        if store is not None:
-            self.turns.store = StoreLink(store, self.stats, store_scope(principal, self.scope))
-
     async def _check_credentials(self) -> None:
-        """Run `authenticate` again when `reauthenticate_seconds` have passed; a refused
-        principal gets an error event and a close."""
-        hook, every = self.settings.authenticate, self.settings.reauthenticate_seconds
+        """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
+        starts (a turn, queued or steered; a steer). A refused principal, or one of another
+        store scope, gets an error event and a close (1008); `ClientGone` ends the work."""
+        if self._refused:
+            raise ClientGone("the credentials were refused")
+        settings = self.settings
+        hook, every = settings.authenticate, settings.reauthenticate_seconds
         now = asyncio.get_running_loop().time()
         if hook is None or every is None or now - self._authenticated_at < every:
             return
         try:
-            self._set_principal(await authenticate(hook, self.scope))
+            principal = await authenticate(hook, self.scope)
+            owner = None
+            if settings.store is not None:
+                owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+            if owner != self._owner:  # another caller on this socket: the cache is not theirs
+                message = "The credentials now name another principal."
+                raise AuthenticationFailed(message, status=403)
         except AuthenticationFailed as exc:
-            kind = "server_error" if exc.status >= 500 else "invalid_request_error"
-            with contextlib.suppress(ClientGone):
-                await self.send_error(error_event(exc.status, kind, failure_code(exc), exc.message))
-            await self.lanes.stop()
-            await self._close(POLICY_VIOLATION, "credentials no longer accepted")
+            if not self._refused:  # another turn's check may have refused them meanwhile
+                self._refused = True
+                kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+                event = error_event(exc.status, kind, failure_code(exc), exc.message)
+                with contextlib.suppress(ClientGone):
+                    await self.send_error(event)
+                await self.lanes.stop()  # all but the lane this may run in: ClientGone ends it
+                await self._close(POLICY_VIOLATION, "credentials no longer accepted")
             raise ClientGone("the credentials were refused") from None
+        self.turns.principal = principal
         self._authenticated_at = now
 
     async def _run_turn(self, create: CreateEvent) -> None:
         try:
+            await self._check_credentials()  # as it starts: it may have waited in its lane
             await self.turns.run(create)
         finally:
             self._active_at = asyncio.get_running_loop().time()

@@ -128,8 +128,9 @@ class Lanes:
             task.cancel()
 
     async def stop(self) -> None:
-        """Drop what waits, cancel what runs and wait for it to end."""
-        tasks = self.tasks()
+        """Drop what waits, cancel what runs and wait for it to end. Called from a lane's own
+        run (its credentials were refused), that lane is left to end itself."""
+        tasks = [task for task in self.tasks() if task is not asyncio.current_task()]
         for lane in self._lanes.values():
             lane.queue.clear()
         self._queued_bytes = 0

@@ -10,13 +10,21 @@ from typing import Any
 
 from . import logs
 from .asgi import ASGIApp, Message, Receive, Scope, Send
-from .auth import AuthenticationFailed, Authenticator, authenticate, failure_code
+from .auth import (
+    AuthenticationFailed,
+    Authenticator,
+    PrincipalKey,
+    authenticate,
+    failure_code,
+    principal_key,
+)
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
 from .origins import OriginPolicy
+from .persistence import store_scope
 from .protocol import error_body, json_answer
-from .settings import CacheMiss, FullContext, ResponseHook, Settings
+from .settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
 from .stateful_http import StatefulHTTP
 from .store import ResponseStore
 from .tokens import Renderer
@@ -57,11 +65,15 @@ class WebSocketModeMiddleware:
     `Origin` header) is refused with 403 unless it comes from the server's own origin or one in
     `allowed_origins` (`"https://app.example.com"`, `"https://*.example.com"`, `"*"`); clients
     that send no `Origin` are unaffected. `reauthenticate_seconds` runs `authenticate` again
-    on the open socket before a turn once that long has passed since the last check (0: before
-    every turn): a revoked credential gets an error event and a close (1008). `store` keeps
+    on the open socket once that long has passed since the last check, before each frame that
+    causes work (a turn as it starts, queued or steered; a steer) (0: before every one): a
+    revoked credential gets an error event and a close (1008). `store` keeps
     responses created with `store: true` beyond the connection (`ws_mode.store.MemoryStore` in
     this process, `ws_mode.redis_store.RedisStore` across workers and hosts): a
-    `previous_response_id` missing from the connection's cache is hydrated from it.
+    `previous_response_id` missing from the connection's cache is hydrated from it. It keeps
+    them per principal of `authenticate`, by its key: a `str`, `int`, `uuid.UUID` (or tuple of
+    them) is its own, `principal_key(principal) -> str` keys any other; or, with
+    `shared_store=True` and no hook, in one scope every caller shares (warned at startup).
     `stateful_http=True` serves plain HTTP from the same store: `previous_response_id` on
     `POST`, and `GET`/`DELETE {path}/{id}`.
     `steering` serves `response.steer` (`ws_mode.steering`): the response ends at its next
@@ -86,6 +98,8 @@ class WebSocketModeMiddleware:
         allowed_origins: Sequence[str] = (),
         reauthenticate_seconds: float | None = None,
         store: ResponseStore | None = None,
+        principal_key: PrincipalKey | None = None,
+        shared_store: bool = False,
         stateful_http: bool = False,
         steering: bool = True,
         enabled: bool = True,
@@ -104,16 +118,6 @@ class WebSocketModeMiddleware:
             raise ConfigError(f"on_cache_miss must be 'error' or 'forward', got {on_cache_miss!r}.")
         if isinstance(subprotocols, str) or not all(isinstance(p, str) for p in subprotocols):
             raise ConfigError(f"subprotocols must be a sequence of strings, got {subprotocols!r}.")
-        if reauthenticate_seconds is not None and (
-            isinstance(reauthenticate_seconds, bool)
-            or not isinstance(reauthenticate_seconds, int | float)
-            or reauthenticate_seconds < 0
-            or authenticate is None
-        ):
-            raise ConfigError(
-                "reauthenticate_seconds must be None or a number >= 0 (0: before every turn), "
-                f"and needs an authenticate hook; got {reauthenticate_seconds!r}."
-            )
         if store is not None and not all(
             callable(getattr(store, name, None)) for name in ("put", "get_chain", "delete")
         ):
@@ -125,6 +129,7 @@ class WebSocketModeMiddleware:
             raise ConfigError(f"steering must be True or False, got {steering!r}.")
         if stateful_http and store is None:
             raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
+        check_principals(authenticate, reauthenticate_seconds, store, principal_key, shared_store)
         if limits is None:
             limits = Limits()
         elif not isinstance(limits, Limits):
@@ -151,6 +156,8 @@ class WebSocketModeMiddleware:
             authenticate=authenticate,
             reauthenticate_seconds=reauthenticate_seconds,
             store=store,
+            principal_key=principal_key,
+            shared_store=shared_store,
             steering=steering,
         )
         self.authenticate = authenticate
@@ -228,10 +235,10 @@ class WebSocketModeMiddleware:
             return
         self.connections += 1
         try:
-            principal = await self._authenticate(scope, send)
-            if principal is _REFUSED:
+            identity = await self._authenticate(scope, send)
+            if identity is None:
                 return
-            client = self._client_key(scope, principal)
+            principal, owner, client = identity
             cap = self.settings.limits.max_connections_per_client
             if cap is not None and self._per_client.get(client, 0) >= cap:
                 await self._refuse(
@@ -245,7 +252,7 @@ class WebSocketModeMiddleware:
                 return
             self._per_client[client] = self._per_client.get(client, 0) + 1
             try:
-                await self._serve(scope, receive, send, principal)
+                await self._serve(scope, receive, send, principal, owner)
             finally:
                 self._per_client[client] -= 1
                 if not self._per_client[client]:
@@ -253,7 +260,9 @@ class WebSocketModeMiddleware:
         finally:
             self.connections -= 1
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, principal: Any) -> None:
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, principal: Any, owner: str | None
+    ) -> None:
         subprotocol = next(
             (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
         )
@@ -262,7 +271,7 @@ class WebSocketModeMiddleware:
         self.stats.connections_open += 1
         self.stats.connections_total += 1
         try:
-            await connection.run(principal=principal, subprotocol=subprotocol)
+            await connection.run(principal=principal, owner=owner, subprotocol=subprotocol)
         finally:
             self._open.discard(connection)
             self.stats.connection_closed(connection.cache.evictions)
@@ -289,18 +298,6 @@ class WebSocketModeMiddleware:
         for answer in json_answer("websocket.http.response", status, body, headers):
             await send(answer)
 
-    def _client_key(self, scope: Scope, principal: Any) -> Any:
-        """Whose connection this is, for `max_connections_per_client`: the principal when an
-        `authenticate` hook names one, otherwise the client's address."""
-        if self.authenticate is not None and principal is not None:
-            try:
-                hash(principal)
-            except TypeError:
-                return ("principal", repr(principal))
-            return ("principal", principal)
-        client = scope.get("client")
-        return ("address", client[0] if client else None)
-
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """Drain the sockets when the server announces its shutdown, before the app hears;
         serve again after a new startup."""
@@ -316,17 +313,34 @@ class WebSocketModeMiddleware:
 
         return wrapped
 
-    async def _authenticate(self, scope: Scope, send: Send) -> Any:
-        if self.authenticate is None:
-            return None
+    async def _authenticate(
+        self, scope: Scope, send: Send
+    ) -> tuple[Any, str | None, str | tuple[str, Any] | None] | None:
+        """The handshake's principal, its store scope and whose connection it is for
+        `max_connections_per_client` (the principal's key, else the client's address); None
+        once the upgrade is refused."""
+        settings = self.settings
         try:
-            return await authenticate(self.authenticate, scope)
-        except AuthenticationFailed as exc:
+            principal = None
+            if self.authenticate is not None:
+                principal = await authenticate(self.authenticate, scope)
+            owner = None
+            if settings.store is not None:
+                owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+            client: str | tuple[str, Any] | None = None
+            if settings.limits.max_connections_per_client is None:
+                pass
+            elif self.authenticate is not None and principal is not None:
+                client = principal_key(principal, settings.principal_key)
+            else:  # no principal: the client's address
+                client = ("address", scope["client"][0] if scope.get("client") else None)
+        except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
             headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
             await self._refuse(
                 scope, send, exc.status, failure_code(exc), exc.message, headers=headers
             )
-            return _REFUSED
+            return None
+        return principal, owner, client
 
     def _is_socket_path(self, scope: Scope) -> bool:
         path: str = scope["path"]
@@ -335,9 +349,6 @@ class WebSocketModeMiddleware:
         root_path: str = scope.get("root_path", "")
         wanted = self.settings.path
         return path == wanted or (bool(root_path) and path == root_path + wanted)
-
-
-_REFUSED = object()
 
 
 def _say_how_dead_peers_are_found(limits: Limits) -> None:

@@ -9,14 +9,12 @@ its terminal event: the write starts before that event is sent and finishes in t
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from typing import Any
 
 import orjson
 
-from .asgi import Scope
-from .auth import bearer_token
+from .auth import PrincipalKey, principal_key
 from .cache import CachedResponse, ResponseCache, decoded_size
 from .items import Items
 from .logs import for_log
@@ -41,15 +39,14 @@ class StoreUnavailable(Exception):
     its `__cause__`, and was logged."""
 
 
-def store_scope(principal: Any, scope: Scope) -> str:
-    """Whose stored responses a connection sees: its principal (from `authenticate`, by its
-    `str`), or else a digest of the handshake's bearer token, or else everyone without one."""
-    if principal is not None:
-        return "principal:" + str(principal)
-    token = bearer_token(scope)
-    if token:
-        return "key:" + hashlib.sha256(token.encode()).hexdigest()
-    return "anonymous"
+def store_scope(principal: Any, key: PrincipalKey | None, *, shared: bool) -> str:
+    """Whose stored responses a caller sees: its principal's stable key
+    (`ws_mode.auth.principal_key`, with the middleware's `principal_key` function `key`), or
+    one scope for every caller when the operator opted into sharing the store. Raise
+    `UnkeyedPrincipal` (a refusal with 500) for a principal with no stable key."""
+    if shared:
+        return "shared"
+    return principal_key(principal, key)
 
 
 async def load_chain(

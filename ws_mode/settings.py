@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .asgi import ASGIApp
-from .auth import Authenticator
+from .auth import Authenticator, PrincipalKey
+from .errors import ConfigError
 from .limits import Limits
 from .stats import Stats
 from .store import ResponseStore
 from .tokens import Renderer
 from .turn import Turn
 
-__all__ = ["CacheMiss", "FullContext", "ResponseHook", "Settings"]
+__all__ = ["CacheMiss", "FullContext", "ResponseHook", "Settings", "check_principals"]
+
+logger = logging.getLogger(__name__)
 
 FullContext = Literal["always", "on_miss"]
 CacheMiss = Literal["error", "forward"]
@@ -40,7 +44,61 @@ class Settings:
     authenticate: Authenticator | None = None
     reauthenticate_seconds: float | None = None
     store: ResponseStore | None = None
+    #: Maps the `authenticate` hook's principal to its stable key (`ws_mode.auth.principal_key`).
+    principal_key: PrincipalKey | None = None
+    #: Every caller shares one store scope (no `authenticate` hook: the operator opted in).
+    shared_store: bool = False
     #: Whether `response.steer` is served (`ws_mode.steering`); False answers
     #: `steering_not_supported`.
     steering: bool = True
     stats: Stats = field(default_factory=Stats)
+
+
+def check_principals(
+    authenticate: Authenticator | None,
+    reauthenticate_seconds: float | None,
+    store: ResponseStore | None,
+    principal_key: PrincipalKey | None,
+    shared_store: bool,
+) -> None:
+    """Check the middleware's keywords about callers: `ConfigError` for a store that could not
+    tell them apart, unless the operator opted into sharing it (`shared_store=True`, warned
+    about once here)."""
+    if reauthenticate_seconds is not None and (
+        isinstance(reauthenticate_seconds, bool)
+        or not isinstance(reauthenticate_seconds, int | float)
+        or reauthenticate_seconds < 0
+        or authenticate is None
+    ):
+        raise ConfigError(
+            "reauthenticate_seconds must be None or a number >= 0 (0: before every frame that "
+            f"causes work), and needs an authenticate hook; got {reauthenticate_seconds!r}."
+        )
+    if not isinstance(shared_store, bool):
+        raise ConfigError(f"shared_store must be True or False, got {shared_store!r}.")
+    if principal_key is not None and (authenticate is None or not callable(principal_key)):
+        raise ConfigError(
+            "principal_key maps the authenticate hook's principal to a string key: it must be "
+            f"callable and needs an authenticate hook; got {principal_key!r}."
+        )
+    if shared_store and store is None:
+        raise ConfigError("shared_store=True shares a store's responses: it needs store=.")
+    if shared_store and authenticate is not None:
+        # Two opposite wishes: the hook's principals scope the store, or nothing does.
+        raise ConfigError(
+            "shared_store=True and an authenticate hook contradict each other: with the hook, "
+            "stored responses are kept per principal. To let authenticated callers share them, "
+            "drop shared_store and pass principal_key=lambda principal: 'shared'."
+        )
+    if store is not None and authenticate is None and not shared_store:
+        raise ConfigError(
+            "store= needs to know whose responses are whose: pass authenticate= (a hook that "
+            "returns each caller's principal; stored responses are kept per principal), or "
+            "shared_store=True if every caller may read and continue every stored response "
+            "(a single tenant, or callers allowed to read each other's responses)."
+        )
+    if shared_store:
+        logger.warning(
+            "WebSocket mode's store is shared (shared_store=True): every caller may continue "
+            "every stored response (with stateful_http, read and delete it too)"
+        )

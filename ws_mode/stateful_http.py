@@ -9,8 +9,9 @@ HTTP Responses API in front of a stateless handler, with the same store the sock
   (`store` is true by default) is stored, with or without a parent.
 - `GET {path}/{id}` answers the stored response object; `DELETE {path}/{id}` forgets it.
 
-Responses are scoped as over the socket: by the `authenticate` hook's principal, or by the
-bearer token. Everything else reaches the app untouched.
+Every request runs the `authenticate` hook, and responses are scoped as over the socket: by
+the key of its principal, or in one scope every caller shares (`shared_store=True`).
+Everything else reaches the app untouched.
 """
 
 from __future__ import annotations
@@ -57,16 +58,17 @@ class StatefulHTTP:
         return bool(rest) and "/" not in rest and method in ("GET", "DELETE")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Every request is authorized anew (a revoked credential loses access at once), by the
+        # same hook and into the same store scope as a socket.
+        settings = self.settings
         try:
-            principal = (
-                await authenticate(self.settings.authenticate, scope)
-                if self.settings.authenticate is not None
-                else None
-            )
-        except AuthenticationFailed as exc:
+            principal = None
+            if settings.authenticate is not None:
+                principal = await authenticate(settings.authenticate, scope)
+            owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+        except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
             await _answer(send, exc.status, failure_code(exc), exc.message)
             return
-        owner = store_scope(principal, scope)
         if scope["method"] == "POST":
             await self._post(scope, receive, send, owner)
             return

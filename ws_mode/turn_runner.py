@@ -44,7 +44,8 @@ class TurnRunner:
     """Runs the turns of one connection against its cache.
 
     `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
-    sends an error event of the connection's own.
+    sends an error event of the connection's own; `before_successor` runs before each turn
+    steering starts (the connection's credential check: it raises `ClientGone` to refuse).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class TurnRunner:
         *,
         send_text: Callable[[str], Awaitable[None]],
         send_error: Callable[[dict[str, Any]], Awaitable[None]],
+        before_successor: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.limits = settings.limits
@@ -63,6 +65,7 @@ class TurnRunner:
         self.cache = cache
         self.send_text = send_text
         self.send_error = send_error
+        self._before_successor = before_successor
         self.principal: Any = None
         #: The store, when the middleware has one (`store=`), as this connection uses it.
         self.store: StoreLink | None = None
@@ -93,6 +96,8 @@ class TurnRunner:
             if follow is None:
                 return
             create, committing = follow
+            if self._before_successor is not None:
+                await self._before_successor()  # a successor is work the credentials must allow
 
     async def _send_event(self, event: dict[str, Any]) -> None:
         await self.send_text(encode_event(event))

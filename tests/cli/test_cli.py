@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -25,7 +26,7 @@ from ws_mode.tools import rollout
 from ws_mode.tools.clients import connect
 
 from ..redis_server import RedisServer
-from ..servers import first_line, ws_mode_serve
+from ..servers import first_line, serve, ws_mode_serve
 
 NUMBER = r"[\d.]+"
 SIZE = rf"{NUMBER} (?:B|KiB|MiB)"
@@ -131,6 +132,7 @@ def test_serve_with_a_store_continues_a_response_on_a_new_socket(
             event = second.receive_turn(timeout=10)[-1]
     if store:
         assert event["type"] == "response.completed", event
+        assert "a store every caller shares" in served.banner  # it authenticates nobody
     else:
         assert event["error"]["code"] == "previous_response_not_found"
 
@@ -152,6 +154,45 @@ def test_serve_prints_ws_modes_warnings_in_uvicorns_style(tmp_path: Path) -> Non
         line = first_line(served.process, "WARNING:  ws_mode.persistence: ", timeout=10)
     assert "'resp_gone'" in line
     assert f"127.0.0.1:{redis_server.port}" in line
+
+
+def test_proxy_store_needs_an_explicit_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    upstream = ["proxy", "--upstream", "http://127.0.0.1:9/v1", "--store", "memory"]
+    assert main(upstream) == 1
+    assert "--store needs --store-scope: key" in capsys.readouterr().err
+    assert main([*upstream, "--store-scope", "key", "--api-key", "sk-proxy"]) == 1
+    assert "drop --api-key" in capsys.readouterr().err
+
+
+def test_proxy_store_scope_key_keeps_each_keys_responses_apart() -> None:
+    """`--store-scope key`: a digest of the client's bearer token scopes the store (the
+    upstream checks the key itself); no key gets 401, another key cannot continue."""
+    from ws_mode import WebSocketModeMiddleware
+    from ws_mode.cli.proxy import _store_scoping
+    from ws_mode.reference import create_app
+
+    args = argparse.Namespace(store=MemoryStore(), store_scope="key")
+    scoping, said = _store_scoping(args, None)
+    assert "scoped by each client's API key" in said
+    app = WebSocketModeMiddleware(create_app(), store=args.store, **scoping)
+    with serve(app) as origin:
+
+        def turn(token: str | None, **fields: Any) -> dict[str, Any]:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            with connect(origin, headers=headers) as socket:
+                socket.send({"type": "response.create", "model": "m", **fields})
+                event: dict[str, Any] = socket.receive_turn(timeout=10)[-1]
+                return event
+
+        mine = turn("sk-alice", input="hi")["response"]
+        call = mine["output"][0]
+        answer = [{"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]
+        theirs = turn("sk-bob", input=answer, previous_response_id=mine["id"])
+        assert theirs["error"]["code"] == "previous_response_not_found"
+        again = turn("sk-alice", input=answer, previous_response_id=mine["id"])
+        assert again["type"] == "response.completed"
+        with pytest.raises(Exception, match="401"):
+            turn(None, input="hi")
 
 
 def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

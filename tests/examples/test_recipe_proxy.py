@@ -60,7 +60,10 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Rig]:
     reference = create_reference(ReferenceConfig(tool_calls=4, answer_tokens=8))
-    storing = WebSocketModeMiddleware(reference, store=MemoryStore(), stateful_http=True)
+    # A single-tenant upstream: every caller (the proxy) shares its stored responses.
+    storing = WebSocketModeMiddleware(
+        reference, store=MemoryStore(), stateful_http=True, shared_store=True
+    )
     recorder = Recorder(storing)
     with (
         serve(recorder, lifetime=60) as upstream,

@@ -60,7 +60,10 @@ def build_store_app(
     shared: dict[str, Any] = {"handler_path": API_PATH, "full_context": full_context}
     if full_context == "on_miss":
         shared["renderer"] = render_items
-    on = WebSocketModeMiddleware(reference, path=PATHS["on"], store=store, **shared)
+    # One tenant (the bench): the store's cost does not depend on whose scope a record is in.
+    on = WebSocketModeMiddleware(
+        reference, path=PATHS["on"], store=store, shared_store=True, **shared
+    )
     off = WebSocketModeMiddleware(on, path=PATHS["off"], **shared)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -7,9 +7,12 @@ upstream key from the environment, uvicorn in the foreground.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
-from typing import Final
+from typing import Any, Final
 
+from ..asgi import Scope
+from ..auth import AuthenticationFailed, bearer_token
 from ..limits import Limits
 from ..middleware import WebSocketModeMiddleware
 from ..tools.args import number
@@ -64,6 +67,14 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "resolve from its own store, instead of answering previous_response_not_found",
     )
     proxy.add_argument(
+        "--store-scope",
+        choices=("key", "shared"),
+        help="with --store (required with it): whose stored responses a caller may continue. "
+        "key: each client API key's own (the key is checked by the upstream on every turn; "
+        "needs the client's key to reach it, so no --api-key); shared: every caller's (one "
+        "tenant, or callers allowed to read each other's responses)",
+    )
+    proxy.add_argument(
         "--timeout",
         type=number(float, 0, strict=True),
         default=600.0,
@@ -89,12 +100,14 @@ def _proxy(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     limits = Limits()
+    scoping, stored = _store_scoping(args, api_key)
     app = WebSocketModeMiddleware(
         upstream,
         full_context=args.full_context,
         on_cache_miss="forward" if args.forward_uncached else "error",
         limits=limits,
         store=args.store,
+        **scoping,
     )
     auth = "the configured key" if api_key else "the client's Authorization"
     # The SDK refuses to start without a key: any will do when the proxy sets its own.
@@ -104,9 +117,43 @@ def _proxy(args: argparse.Namespace) -> int:
     def banner(origin: str) -> str:
         return (
             f"{PROG} proxy: WebSocket mode at ws://{origin}{API_PATH}, forwarding to "
-            f"{upstream.describe()} with {auth}{slow}; openai SDK: "
+            f"{upstream.describe()} with {auth}{slow}{stored}; openai SDK: "
             f'OpenAI(base_url="http://{origin}/v1", api_key={key_hint})'
         )
 
     run_server(app, args, limits, banner, "proxy", lifespan="on")
     return 0
+
+
+def _store_scoping(args: argparse.Namespace, api_key: str | None) -> tuple[dict[str, Any], str]:
+    """The middleware's keywords that say whose stored responses are whose (``--store-scope``),
+    and what the banner says of it."""
+    scope: str | None = args.store_scope
+    if args.store is None:
+        if scope is not None:
+            raise CommandError("--store-scope needs --store")
+        return {}, ""
+    if scope is None:
+        raise CommandError(
+            "--store needs --store-scope: key (each client API key continues only its own "
+            "stored responses) or shared (every caller may continue every stored response)"
+        )
+    if scope == "shared":
+        return {"shared_store": True}, ", a store every caller shares"
+    if api_key is not None:
+        raise CommandError(
+            "--store-scope key scopes stored responses by the client's API key, which the "
+            "upstream must check: drop --api-key (and $" + UPSTREAM_KEY_ENV + "), or use "
+            "--store-scope shared"
+        )
+    return {"authenticate": _client_key}, ", a store scoped by each client's API key"
+
+
+def _client_key(scope: Scope) -> str:
+    """The ``--store-scope key`` principal: a digest of the client's bearer token (never the
+    token itself). The upstream checks the token on every forwarded turn; this only keeps one
+    key's stored responses from another's."""
+    token = bearer_token(scope)
+    if token is None:
+        raise AuthenticationFailed("Send your API key: Authorization: Bearer <key>.")
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -204,6 +204,8 @@ def build_app(
 ) -> WebSocketModeMiddleware:
     """The reference Responses server wrapped by the middleware, as ``ws-mode serve`` runs it.
 
+    The reference server authenticates nobody, so a ``store`` is shared by every caller
+    (``shared_store=True``; the middleware warns so at startup).
     Its :class:`~ws_mode.reference.ReferenceStats` are on ``app.app.state.reference_stats``.
     """
     from ..reference import ReferenceConfig, create_app
@@ -211,7 +213,13 @@ def build_app(
     reference = create_app(
         ReferenceConfig(tool_calls=tool_calls, tokens_per_second=tokens_per_second)
     )
-    return WebSocketModeMiddleware(reference, full_context=full_context, limits=limits, store=store)
+    return WebSocketModeMiddleware(
+        reference,
+        full_context=full_context,
+        limits=limits,
+        store=store,
+        shared_store=store is not None,  # no authentication: nobody to scope responses by
+    )
 
 
 @contextlib.contextmanager
@@ -248,6 +256,8 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 2
     full_context = settings.full_context
     shape = f"full_context={full_context}" + (f", {workers} workers" if workers > 1 else "")
+    if settings.store:
+        shape += ", a store every caller shares: no authentication"
 
     def banner(origin: str) -> str:
         return (
