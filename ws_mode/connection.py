@@ -17,17 +17,18 @@ from typing import Any
 
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
+from .budget import PARSE_FACTOR
 from .cache import ResponseCache
 from .client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
 )
-from .frames import parse_frame
+from .frames import held_cost, parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
 from .persistence import StoreLink, store_scope
-from .protocol import encode_event, error_event
+from .protocol import encode_event, error_event, memory_budget_exceeded
 from .settings import Settings
 from .steering import accepted_event
 from .turn_runner import TurnRunner
@@ -56,12 +57,17 @@ class Connection:
         self.cache = ResponseCache(
             max_entries=self.limits.max_cached_responses,
             max_bytes=self.limits.max_cached_bytes,
+            budget=settings.budget,
         )
         self.turns = TurnRunner(
             settings, scope, self.cache, send_text=self.send_text, send_error=self.send_error
         )
         self.lanes = Lanes(
-            self.limits, run=self._run_turn, refuse=self._refuse, ends_lane=(ClientGone,)
+            self.limits,
+            run=self._run_turn,
+            refuse=self._refuse,
+            ends_lane=(ClientGone,),
+            budget=settings.budget,
         )
         self._send_gate = _SendGate()
         self._closed = False
@@ -136,6 +142,7 @@ class Connection:
             await self.lanes.stop()
             await self.turns.after.finish()
             self.cache.clear()
+            self.turns.steering.close()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`
@@ -252,11 +259,21 @@ class Connection:
                 )
             )
             return
+        # The memory budget holds what parsing may cost at its peak until the frame is parsed;
+        # a frame it cannot hold is refused unread, the connection and its cache kept.
+        budget = self.settings.budget
+        parsing = len(text) * PARSE_FACTOR
+        if not budget.reserve(parsing):
+            await self.send_error(memory_budget_exceeded("this message"))
+            return
         try:
-            event = await parse_frame(text)
+            try:
+                event = await parse_frame(text)
+            finally:
+                budget.release(parsing)
             if isinstance(event, CreateEvent):
                 await self._check_credentials()
-                self._submit(event)
+                self._submit(event, held_cost(text, event))
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
             # A `response.processed` acknowledgement needs no answer.
@@ -296,7 +313,7 @@ class Connection:
 
     # Requests.
 
-    def _submit(self, create: CreateEvent) -> None:
+    def _submit(self, create: CreateEvent, cost: int = 0) -> None:
         if self._draining:
             raise ProtocolError(
                 "The server is shutting down; reconnect to continue.",
@@ -305,7 +322,7 @@ class Connection:
                 type="server_error",
                 stream_id=create.stream_id,
             )
-        self.lanes.submit(create)
+        self.lanes.submit(create, cost)
 
     def _set_principal(self, principal: Any) -> None:
         self.turns.principal = principal

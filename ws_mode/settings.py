@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from .asgi import ASGIApp
 from .auth import Authenticator
+from .budget import MemoryBudget
 from .limits import Limits
 from .stats import Stats
 from .store import ResponseStore
@@ -44,3 +45,5 @@ class Settings:
     #: `steering_not_supported`.
     steering: bool = True
     stats: Stats = field(default_factory=Stats)
+    #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
+    budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))
