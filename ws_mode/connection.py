@@ -69,6 +69,7 @@ class Connection:
             ends_lane=(ClientGone,),
             budget=settings.budget,
         )
+        self.turns.request_done = self.lanes.let_go
         self._send_gate = _SendGate()
         self._closed = False
         self._draining = False

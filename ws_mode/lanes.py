@@ -160,6 +160,11 @@ class Lanes:
         for create_id in list(self._costs):
             self._let_go(create_id)
 
+    def let_go(self, create: CreateEvent) -> None:
+        """`create` no longer holds what it cost (its response is being cached, which holds
+        its own); harmless when it held nothing or already let go."""
+        self._let_go(id(create))
+
     def _let_go(self, create_id: int) -> None:
         cost = self._costs.pop(create_id, 0)
         if self._budget is not None:

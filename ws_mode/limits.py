@@ -54,7 +54,7 @@ class Limits:
     shutdown_grace_seconds: float = 30.0
     max_pending_steers: int = 16
     max_steer_bytes: int = 16 * MiB
-    max_memory_bytes: int = 1024 * MiB
+    max_memory_bytes: int = 2048 * MiB
 
     def __post_init__(self) -> None:
         for field in fields(self):

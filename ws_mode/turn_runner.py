@@ -77,17 +77,22 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
+        #: Called with the request `run` was given once its response is about to be cached:
+        #: what the request held in the memory budget is let go first, so the two never
+        #: count at once (set by the connection: `Lanes.let_go`).
+        self.request_done: Callable[[CreateEvent], None] = lambda create: None
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
         cache; then the successors steering input calls for, on the same lane."""
         # Input queued behind the parent is committed by this create's response.created, or
         # returned if it fails before: kept until then, never dropped on the way.
+        request = create
         create, committing = self.steering.prepend_pending(create)
         while True:
             steerable = self.steering.enabled and self.steering.steerable(create)
             inbox = self.steering.inbox() if steerable else None
-            outcome = await self._run_one(create, inbox)
+            outcome = await self._run_one(create, inbox, request)
             if committing:
                 created = outcome is not None and outcome.response_id is not None
                 await self.steering.settle(committing, created, create.stream_id, self._send_event)
@@ -102,8 +107,10 @@ class TurnRunner:
     async def _send_event(self, event: dict[str, Any]) -> None:
         await self.send_text(encode_event(event))
 
-    async def _run_one(self, create: CreateEvent, inbox: SteerInbox | None) -> Outcome | None:
-        """One turn; how its response ended when it had a steering inbox."""
+    async def _run_one(
+        self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
+    ) -> Outcome | None:
+        """One turn (`request` is what the client sent); how its response ended."""
         previous: CachedResponse | None = None
         forwarded = False
         if create.previous_response_id is not None:
@@ -139,6 +146,7 @@ class TurnRunner:
             return None
         if body is None:
             self.stats.warm_ups += 1
+            self.request_done(request)
             await self._warm_up(create, current, new_fragment)
             return None
         self.stats.turns += 1
@@ -159,6 +167,7 @@ class TurnRunner:
                 remote=forwarded,
                 storable=_storable(create),
             )
+            self.request_done(request)
             self._remember(node, current, output)
             self.after.start(node, current, response)
 
