@@ -158,3 +158,29 @@ def test_pending_steering_input_counts_what_it_costs() -> None:
     ratio = result["growth"] / result["held"]
     assert 1 / 2 <= ratio <= 2, f"RSS grew {ratio:.2f}x what the account holds"
     assert result["after"] == 0
+
+
+@pytest.mark.parametrize("content", ['"x"', "str(i)"])
+def test_parsing_tiny_items_peaks_within_what_the_budget_reserves(content: str) -> None:
+    """The memory budget reserves `PARSE_FACTOR` times a frame's length while it is parsed,
+    before anything but its length is known: arrays of tiny items, the worst usual shape,
+    peak at 13-14 times their JSON (10-11 once parsed)."""
+    result = measure(
+        f"""
+        import orjson
+        from ws_mode.client_events import parse_client_event
+        from ws_mode.tools.measure import memory, reset_peak_rss
+        items = [{{"role": "user", "content": {content}}} for i in range(300_000)]
+        text = orjson.dumps({{"type": "response.create", "input": items}}).decode()
+        del items
+        gc.collect()
+        assert reset_peak_rss()  # the peak of building the frame does not count
+        before = rss()
+        create = parse_client_event(text)
+        print(json.dumps({{"frame": len(text), "peak": memory().peak - before}}))
+        """
+    )
+    from ws_mode.budget import PARSE_FACTOR
+
+    factor = result["peak"] / result["frame"]
+    assert 8 < factor <= PARSE_FACTOR, f"parsing peaked at {factor:.1f}x the frame"
