@@ -296,6 +296,47 @@ def test_input_waiting_behind_a_call_is_applied_or_returned_exactly_once(
         assert returned == []  # committed by the continuation's response.created
 
 
+def test_input_waiting_behind_an_evicted_call_is_returned_on_the_cache_miss() -> None:
+    # The continuation never reaches a handler (its parent was evicted meanwhile): the input
+    # it was to commit comes back with the previous_response_not_found.
+    model = Model()
+    model.go.set()
+    app = WebSocketModeMiddleware(
+        Starlette(routes=[Route("/v1/responses", model.handle, methods=["POST"])]),
+        limits=Limits(max_cached_responses=1),
+    )
+    events: list[dict[str, Any]] = []
+    with (
+        serve(app) as base_url,
+        connect(base_url.replace("http", "ws", 1) + "/v1/responses") as socket,
+    ):
+
+        def until(kind: str) -> dict[str, Any]:
+            while True:
+                events.append(json.loads(socket.recv(timeout=10)))
+                if events[-1]["type"] == kind:
+                    return events[-1]
+
+        socket.send(json.dumps({"type": "response.create", "model": "tool", "input": "hi"}))
+        until("response.created")
+        socket.send(json.dumps({"type": "response.steer", "previous_response_id": "resp_1",
+                                "input": "use b"}))  # fmt: skip
+        until("response.steer.pending")
+        socket.send(json.dumps({"type": "response.create", "model": "two", "input": "other"}))
+        until("response.completed")  # resp_2, cached in resp_1's place
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "A"}
+        socket.send(json.dumps({"type": "response.create", "model": "two",
+                                "previous_response_id": "resp_1", "input": [output]}))  # fmt: skip
+        assert until("error")["error"]["code"] == "previous_response_not_found"
+        socket.send(json.dumps({"type": "response.create", "model": "two", "input": "again"}))
+        until("response.completed")
+    returned = [e for e in events if e["type"] == "response.steer.failed"]
+    assert [(e["steer"]["input"], e["error"]["code"]) for e in returned] == [
+        ("use b", "successor_creation_failed")
+    ]
+    assert all("use b" not in json.dumps(context) for context in model.inputs)
+
+
 def test_a_handler_may_take_the_input_itself(served: tuple[Model, str]) -> None:
     model, base_url = served
     client = OpenAI(base_url=base_url, api_key="-")
