@@ -248,7 +248,7 @@ class Steering:
         """`create` with the input queued behind its parent prepended, in submission order
         (the parent waited for the client's tool output), and the steers it is to commit:
         its `response.created` commits them; if it fails before, they are returned
-        (`not_created`), never lost."""
+        (`settle`), never lost."""
         parent = create.previous_response_id
         steers = self.pending.pop(parent, None) if parent is not None else None
         if not steers:
