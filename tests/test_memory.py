@@ -111,3 +111,76 @@ def test_the_cache_counts_what_it_costs(shape: str) -> None:
     result = measure(CACHE_SCRIPT.format(shape=shape, sockets=200, turns=20))
     ratio = result["growth"] / result["counted"]
     assert 1 / 1.5 <= ratio <= 1.5, f"RSS grew {ratio:.2f}x what the caches count"
+
+
+STEER_SCRIPT = """
+import orjson
+from ws_mode.budget import MemoryAccount, MemoryBudget
+from ws_mode.client_events import parse_client_event
+from ws_mode.limits import Limits
+from ws_mode.steering import Steer, SteerInbox, Steering
+account = MemoryAccount()
+steering = Steering(enabled=True, limits=Limits(max_steer_bytes={bound}),
+                    budget=MemoryBudget(1 << 40, account))
+items = [{{"role": "user", "content": "x"}} for _ in range(20_000)]
+text = orjson.dumps({{"type": "response.steer", "previous_response_id": "resp_1",
+                      "input": items}}).decode()
+del items
+inboxes = [SteerInbox() for _ in range(4)]  # four responses streaming on one connection
+gc.collect()
+before = rss()
+codes = []
+for inbox in inboxes:
+    for _ in range(16):
+        result = steering.accept(parse_client_event(text), inbox, None, streaming=True,
+                                 known=False)
+        codes.append("accepted" if isinstance(result, Steer) else result["error"]["code"])
+gc.collect()
+growth = rss() - before
+held = account.used
+steering.close()
+print(json.dumps({{"growth": growth, "held": held, "codes": codes, "after": account.used}}))
+"""
+
+
+def test_pending_steering_input_counts_what_it_costs() -> None:
+    """Steering input waiting in responses counts at its decoded size against one bound per
+    connection (`Limits.max_steer_bytes`) and the memory budget: 64 steers of tiny messages
+    (0.6 MB of JSON each, about 6 MB decoded) once all waited, 16 per response; now what waits
+    stays within the bound, the RSS it adds is what the account holds, and closing gives it
+    all back."""
+    bound = 32 * 1024 * 1024
+    result = measure(STEER_SCRIPT.format(bound=bound))
+    accepted = result["codes"].count("accepted")
+    assert 0 < accepted < len(result["codes"])
+    assert set(result["codes"]) == {"accepted", "too_many_pending_steers"}
+    assert result["held"] <= bound
+    ratio = result["growth"] / result["held"]
+    assert 1 / 2 <= ratio <= 2, f"RSS grew {ratio:.2f}x what the account holds"
+    assert result["after"] == 0
+
+
+@pytest.mark.parametrize("content", ['"x"', "str(i)"])
+def test_parsing_tiny_items_peaks_within_what_the_budget_reserves(content: str) -> None:
+    """The memory budget reserves `PARSE_FACTOR` times a frame's length while it is parsed,
+    before anything but its length is known: arrays of tiny items, the worst usual shape,
+    peak at 13-14 times their JSON (10-11 once parsed)."""
+    result = measure(
+        f"""
+        import orjson
+        from ws_mode.client_events import parse_client_event
+        from ws_mode.tools.measure import memory, reset_peak_rss
+        items = [{{"role": "user", "content": {content}}} for i in range(300_000)]
+        text = orjson.dumps({{"type": "response.create", "input": items}}).decode()
+        del items
+        gc.collect()
+        assert reset_peak_rss()  # the peak of building the frame does not count
+        before = rss()
+        create = parse_client_event(text)
+        print(json.dumps({{"frame": len(text), "peak": memory().peak - before}}))
+        """
+    )
+    from ws_mode.budget import PARSE_FACTOR
+
+    factor = result["peak"] / result["frame"]
+    assert 8 < factor <= PARSE_FACTOR, f"parsing peaked at {factor:.1f}x the frame"

@@ -103,3 +103,5 @@ def test_prometheus_exposes_the_counters() -> None:
     assert 'ws_mode_errors_total{code="invalid_json"} 1.0' in text
     assert 'ws_mode_turn_seconds_bucket{le="0.025"} 1.0' in text
     assert "ws_mode_connections_open 0.0" in text
+    assert "ws_mode_memory_limit_bytes 2.147483648e+09" in text
+    assert "ws_mode_memory_refusals_total 0.0" in text

@@ -19,12 +19,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from websockets.sync.client import connect
 
-from ws_mode import WebSocketModeMiddleware, turn
+from ws_mode import Limits, WebSocketModeMiddleware, turn
 from ws_mode.client_events import CreateEvent, SteerEvent
 from ws_mode.items import Items
 from ws_mode.steering import (
-    MAX_PENDING_STEER_BYTES,
-    MAX_PENDING_STEERS,
     MAX_WAITING_RESPONSES,
     Outcome,
     Steer,
@@ -73,6 +71,8 @@ class Model:
                     "model": body["model"], "output": []}  # fmt: skip
         model = body["model"]
         if number > 1 and model == "successor-refused":  # the successor fails before it starts
+            return JSONResponse({"error": {"message": "no", "type": "server_error"}}, 500)
+        if model == "fails":  # any request that fails before its response.created
             return JSONResponse({"error": {"message": "no", "type": "server_error"}}, 500)
         if number > 1 and model == "successor-breaks":  # ... or after its response.created
             return StreamingResponse(self._breaks(response), media_type="text/event-stream")
@@ -250,6 +250,93 @@ def test_input_waits_behind_a_tool_call_and_joins_the_clients_continuation(
     ]
 
 
+@pytest.mark.parametrize("continuation", ["fails", "two"])
+def test_input_waiting_behind_a_call_is_applied_or_returned_exactly_once(
+    served: tuple[Model, str], continuation: str
+) -> None:
+    # The client's continuation commits the input waiting behind its parent with its
+    # response.created; one that fails before (a 500 here) returns it in
+    # response.steer.failed, once, instead of dropping it.
+    model, base_url = served
+    url = base_url.replace("http", "ws", 1) + "/responses"
+    events: list[dict[str, Any]] = []
+    with connect(url) as socket:
+
+        def until(kind: str) -> dict[str, Any]:
+            while True:
+                events.append(json.loads(socket.recv(timeout=10)))
+                if events[-1]["type"] == kind:
+                    return events[-1]
+
+        socket.send(json.dumps({"type": "response.create", "model": "tool", "input": "hi"}))
+        until("response.created")
+        socket.send(json.dumps({"type": "response.steer", "previous_response_id": "resp_1",
+                                "input": "use b"}))  # fmt: skip
+        accepted = until("response.steer.accepted")
+        model.go.set()
+        until("response.steer.pending")
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "A"}
+        socket.send(json.dumps({"type": "response.create", "model": continuation,
+                                "previous_response_id": "resp_1", "input": [output]}))  # fmt: skip
+        until("error" if continuation == "fails" else "response.completed")
+        # One more turn: anything the continuation still brought arrives before its answer.
+        socket.send(json.dumps({"type": "response.create", "model": "two", "input": "again"}))
+        until("response.completed")
+    returned = [e for e in events if e["type"] == "response.steer.failed"]
+    steered = {"role": "user", "content": "use b"}
+    # The continuation carried the input (first, then the client's own); nothing after it did.
+    assert model.inputs[1][-2:] == [steered, output]
+    assert all("use b" not in json.dumps(context) for context in model.inputs[2:])
+    if continuation == "fails":
+        assert len(returned) == 1
+        steer = {"id": accepted["steer"]["id"], "previous_response_id": "resp_1", "input": "use b"}
+        assert returned[0]["steer"] == steer
+        assert returned[0]["error"]["code"] == "successor_creation_failed"
+    else:
+        assert returned == []  # committed by the continuation's response.created
+
+
+def test_input_waiting_behind_an_evicted_call_is_returned_on_the_cache_miss() -> None:
+    # The continuation never reaches a handler (its parent was evicted meanwhile): the input
+    # it was to commit comes back with the previous_response_not_found.
+    model = Model()
+    model.go.set()
+    app = WebSocketModeMiddleware(
+        Starlette(routes=[Route("/v1/responses", model.handle, methods=["POST"])]),
+        limits=Limits(max_cached_responses=1),
+    )
+    events: list[dict[str, Any]] = []
+    with (
+        serve(app) as base_url,
+        connect(base_url.replace("http", "ws", 1) + "/v1/responses") as socket,
+    ):
+
+        def until(kind: str) -> dict[str, Any]:
+            while True:
+                events.append(json.loads(socket.recv(timeout=10)))
+                if events[-1]["type"] == kind:
+                    return events[-1]
+
+        socket.send(json.dumps({"type": "response.create", "model": "tool", "input": "hi"}))
+        until("response.created")
+        socket.send(json.dumps({"type": "response.steer", "previous_response_id": "resp_1",
+                                "input": "use b"}))  # fmt: skip
+        until("response.steer.pending")
+        socket.send(json.dumps({"type": "response.create", "model": "two", "input": "other"}))
+        until("response.completed")  # resp_2, cached in resp_1's place
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "A"}
+        socket.send(json.dumps({"type": "response.create", "model": "two",
+                                "previous_response_id": "resp_1", "input": [output]}))  # fmt: skip
+        assert until("error")["error"]["code"] == "previous_response_not_found"
+        socket.send(json.dumps({"type": "response.create", "model": "two", "input": "again"}))
+        until("response.completed")
+    returned = [e for e in events if e["type"] == "response.steer.failed"]
+    assert [(e["steer"]["input"], e["error"]["code"]) for e in returned] == [
+        ("use b", "successor_creation_failed")
+    ]
+    assert all("use b" not in json.dumps(context) for context in model.inputs)
+
+
 def test_a_handler_may_take_the_input_itself(served: tuple[Model, str]) -> None:
     model, base_url = served
     client = OpenAI(base_url=base_url, api_key="-")
@@ -329,7 +416,7 @@ def test_refusals_carry_their_codes(served: tuple[Model, str]) -> None:
         failed = refusal()
         assert failed.error.code == "invalid_input"
         assert failed.steer.input == bad
-        for _ in range(MAX_PENDING_STEERS + 1):
+        for _ in range(Limits().max_pending_steers + 1):
             connection.response.steer(input="more", previous_response_id="resp_1")
         assert refusal().error.code == "too_many_pending_steers"
         model.go.set()
@@ -422,16 +509,16 @@ def test_input_waiting_behind_responses_is_bounded() -> None:
 
 
 def test_steering_input_is_bounded_in_bytes_too() -> None:
-    steering = Steering(enabled=True)
+    steering = Steering(enabled=True, limits=Limits(max_steer_bytes=1_000_000))
     inbox = SteerInbox()
-    half = "x" * (MAX_PENDING_STEER_BYTES // 2)
+    half = "x" * 490_000
     for _ in range(2):
         accepted = steering.accept(
-            SteerEvent("resp_1", half[:-16]), inbox, None, streaming=True, known=False
+            SteerEvent("resp_1", half), inbox, None, streaming=True, known=False
         )
         assert isinstance(accepted, Steer)
     refused = steering.accept(
-        SteerEvent("resp_1", "y" * 64), inbox, None, streaming=True, known=False
+        SteerEvent("resp_1", "y" * 64_000), inbox, None, streaming=True, known=False
     )
     assert isinstance(refused, dict)
     assert refused["error"]["code"] == "too_many_pending_steers"

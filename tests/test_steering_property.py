@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -38,6 +39,7 @@ class Script:
     def __init__(self) -> None:
         self.contexts: list[list[dict[str, Any]]] = []
         self.lock = threading.Lock()
+        self.middleware: WebSocketModeMiddleware | None = None
 
     async def handle(self, request: Request) -> StreamingResponse:
         body = await request.json()
@@ -91,6 +93,7 @@ def served() -> Iterator[tuple[Script, str]]:
     app = WebSocketModeMiddleware(
         Starlette(routes=[Route("/v1/responses", script.handle, methods=["POST"])])
     )
+    script.middleware = app
     with serve(app) as base_url:
         yield script, base_url.replace("http", "ws", 1) + "/v1/responses"
 
@@ -191,6 +194,15 @@ def test_every_accepted_steer_is_accounted_for_once(
             assert all(item["type"] == "message" for item in e["response"]["output"])
     for context in contexts[1:]:
         assert context[-1]["content"].startswith("steer ")
+    # Whatever became of the input, nothing of it (or of the socket) stays reserved in the
+    # memory budget once the socket has closed.
+    assert script.middleware is not None
+    budget = script.middleware.settings.budget
+    for _ in range(500):
+        if script.middleware.connections == 0 and budget.held == 0:
+            break
+        time.sleep(0.01)
+    assert budget.held == 0
 
 
 def _finished(events: list[dict[str, Any]], target: str) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from .budget import MemoryBudget
 from .items import Items, encode_items
 from .logs import for_log
 from .tokens import Tokens
@@ -198,16 +199,24 @@ class ResponseCache:
     it is held that way, so the bound covers what the connection really keeps in memory: a
     conversation longer than `max_bytes` ends up evicted whole, and its client recovers by
     resending the full context.
+
+    With a `budget` (the process's, `Limits.max_memory_bytes`), every byte the cache holds is
+    reserved there first and given back when it is let go (evicted, replaced, cleared): a
+    response the budget cannot hold is not cached, and nothing else is evicted for it.
     """
 
-    def __init__(self, *, max_entries: int, max_bytes: int) -> None:
+    def __init__(
+        self, *, max_entries: int, max_bytes: int, budget: MemoryBudget | None = None
+    ) -> None:
         self._entries = _LRU(max_entries, self._dropped)
         self._max_bytes = max_bytes
+        self._budget = budget
         self._bytes = 0
         self.evictions = 0
-        # Responses not kept because their conversation alone outgrew `max_bytes`, and how
-        # large it was: a later miss on one says why (a few remembered, newest first out).
-        self._too_large: LRUCache[str, int] = LRUCache(TOO_LARGE_REMEMBERED)
+        # Responses not kept (their conversation alone outgrew `max_bytes`, or the memory
+        # budget was exhausted), and why: a later miss on one says so (a few remembered,
+        # newest first out).
+        self._too_large: LRUCache[str, str] = LRUCache(TOO_LARGE_REMEMBERED)
         self._warned = False
 
     def __len__(self) -> int:
@@ -232,7 +241,10 @@ class ResponseCache:
         alone is not cached, and nothing else is evicted for it; `why_missing` says so later.
         """
         if node.chain_size > self._max_bytes:
-            self._too_large[node.id] = node.chain_size
+            self._too_large[node.id] = (
+                f"its conversation ({node.chain_size} bytes) is larger than this connection's "
+                f"cache (Limits.max_cached_bytes = {self._max_bytes})"
+            )
             if not self._warned:
                 self._warned = True
                 logger.warning(
@@ -242,6 +254,12 @@ class ResponseCache:
                     node.chain_size,
                     self._max_bytes,
                 )
+            return False
+        if self._budget is not None and not self._budget.reserve(_unheld(node)):
+            self._too_large[node.id] = (
+                "the server's memory budget (Limits.max_memory_bytes) was exhausted when it "
+                "finished"
+            )
             return False
         old = self._entries.pop(node.id, None)
         self._entries[node.id] = node  # may evict the least recently used by count
@@ -255,13 +273,7 @@ class ResponseCache:
 
     def why_missing(self, response_id: str) -> str | None:
         """Why `response_id` is not cached, when it was too large to keep."""
-        size = self._too_large.get(response_id)
-        if size is None:
-            return None
-        return (
-            f"its conversation ({size} bytes) is larger than this connection's cache "
-            f"(Limits.max_cached_bytes = {self._max_bytes})"
-        )
+        return self._too_large.get(response_id)
 
     def evict(self, response_id: str) -> None:
         """Forget `response_id` (a failed continuation drops its parent)."""
@@ -280,7 +292,8 @@ class ResponseCache:
         self._release(node)
 
     def _hold(self, node: CachedResponse | None) -> None:
-        # A node that becomes held holds its parent in turn; stop at one already held.
+        # A node that becomes held holds its parent in turn; stop at one already held. What it
+        # adds (`_unheld`) was reserved in the budget by `put`.
         while node is not None:
             node.holders += 1
             if node.holders > 1:
@@ -294,7 +307,18 @@ class ResponseCache:
             if node.holders > 0:
                 return
             self._bytes -= node.size
+            if self._budget is not None:
+                self._budget.release(node.size)
             node = node.parent
+
+
+def _unheld(node: CachedResponse | None) -> int:
+    """What holding `node` adds: its size and that of each ancestor no longer held."""
+    total = 0
+    while node is not None and node.holders == 0:
+        total += node.size
+        node = node.parent
+    return total
 
 
 class _LRU(LRUCache[str, CachedResponse]):

@@ -17,17 +17,18 @@ from typing import Any
 
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
+from .budget import PARSE_FACTOR
 from .cache import ResponseCache
 from .client_events import (
     CreateEvent,
     ProtocolError,
     SteerEvent,
 )
-from .frames import parse_frame
+from .frames import held_cost, parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
 from .persistence import StoreLink, store_scope
-from .protocol import encode_event, error_event
+from .protocol import encode_event, error_event, memory_budget_exceeded
 from .settings import Settings
 from .steering import accepted_event
 from .turn_runner import TurnRunner
@@ -56,6 +57,7 @@ class Connection:
         self.cache = ResponseCache(
             max_entries=self.limits.max_cached_responses,
             max_bytes=self.limits.max_cached_bytes,
+            budget=settings.budget,
         )
         self.turns = TurnRunner(
             settings,
@@ -66,8 +68,13 @@ class Connection:
             before_successor=self._check_credentials,
         )
         self.lanes = Lanes(
-            self.limits, run=self._run_turn, refuse=self._refuse, ends_lane=(ClientGone,)
+            self.limits,
+            run=self._run_turn,
+            refuse=self._refuse,
+            ends_lane=(ClientGone,),
+            budget=settings.budget,
         )
+        self.turns.request_done = self.lanes.let_go
         self._send_gate = _SendGate()
         self._closed = False
         self._draining = False
@@ -148,6 +155,7 @@ class Connection:
             await self.lanes.stop()
             await self.turns.after.finish()
             self.cache.clear()
+            self.turns.steering.close()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`
@@ -264,10 +272,20 @@ class Connection:
                 )
             )
             return
+        # The memory budget holds what parsing may cost at its peak until the frame is parsed;
+        # a frame it cannot hold is refused unread, the connection and its cache kept.
+        budget = self.settings.budget
+        parsing = len(text) * PARSE_FACTOR
+        if not budget.reserve(parsing):
+            await self.send_error(memory_budget_exceeded("this message"))
+            return
         try:
-            event = await parse_frame(text)
+            try:
+                event = await parse_frame(text)
+            finally:
+                budget.release(parsing)
             if isinstance(event, CreateEvent):
-                self._submit(event)  # its credentials are checked when it starts running
+                self._submit(event, held_cost(text, event))  # credentials checked when it runs
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
             # A `response.processed` acknowledgement needs no answer.
@@ -308,7 +326,7 @@ class Connection:
 
     # Requests.
 
-    def _submit(self, create: CreateEvent) -> None:
+    def _submit(self, create: CreateEvent, cost: int = 0) -> None:
         if self._draining:
             raise ProtocolError(
                 "The server is shutting down; reconnect to continue.",
@@ -317,7 +335,7 @@ class Connection:
                 type="server_error",
                 stream_id=create.stream_id,
             )
-        self.lanes.submit(create)
+        self.lanes.submit(create, cost)
 
     async def _check_credentials(self) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed, before work

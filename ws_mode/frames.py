@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import orjson
 
+from .cache import decoded_size
 from .client_events import (
     CreateEvent,
     ProcessedEvent,
@@ -33,7 +34,7 @@ from .client_events import (
 )
 from .logs import for_log
 
-__all__ = ["OFF_LOOP_BYTES", "parse_frame"]
+__all__ = ["OFF_LOOP_BYTES", "held_cost", "parse_frame"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,14 @@ async def parse_frame(text: str) -> ClientEvent:
         if event is not None:
             return event
     return parse_client_event(text)
+
+
+def held_cost(text: str, create: CreateEvent) -> int:
+    """What a parsed create holds until its turn ends (reserved in the memory budget): its
+    text's worth of encoded items and fields, plus its items decoded when it was parsed in
+    place (a large frame's come back from the helper encoded only), counted as the cache
+    counts them (`ws_mode.budget.PARSE_FACTOR` covers the parse itself)."""
+    return len(text) + (decoded_size(text) if create.items.decoded else 0)
 
 
 def _parse_encoded(text: str) -> ClientEvent:

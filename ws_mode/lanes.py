@@ -15,8 +15,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from .budget import MemoryBudget
 from .client_events import CreateEvent, ProtocolError
 from .limits import Limits
+from .protocol import MEMORY_BUDGET_EXCEEDED, memory_budget_message
 
 __all__ = ["Lanes"]
 
@@ -36,7 +38,8 @@ class Lanes:
 
     `run(create)` serves one request (a turn); `refuse(error)` answers a refusal that waited
     for its lane. An exception of a type in `ends_lane` (the client went away) ends that
-    lane's work quietly.
+    lane's work quietly. With a `budget`, each request holds what it costs (`submit`'s `cost`)
+    there from its submission until its turn ends.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class Lanes:
         run: Callable[[CreateEvent], Awaitable[None]],
         refuse: Callable[[ProtocolError], Awaitable[None]],
         ends_lane: tuple[type[BaseException], ...] = (),
+        budget: MemoryBudget | None = None,
     ) -> None:
         self._limits = limits
         self._run = run
@@ -56,9 +60,12 @@ class Lanes:
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._waiting = 0  # requests taken off their lane, waiting for an in-flight slot
         self._queued_bytes = 0  # the frame bytes of every request not yet running
+        self._budget = budget
+        self._costs: dict[int, int] = {}  # id(create) -> what it holds in the budget
 
-    def submit(self, create: CreateEvent) -> None:
-        """Queue a request on its lane; raise `ProtocolError` when a bound refuses it."""
+    def submit(self, create: CreateEvent, cost: int = 0) -> None:
+        """Queue a request on its lane; raise `ProtocolError` when a bound refuses it. `cost`:
+        what it holds in memory until its turn ends (reserved in the budget)."""
         lane = self._lanes.get(create.stream_id)
         if lane is None:
             if create.stream_id is not None:
@@ -94,6 +101,17 @@ class Lanes:
                 status=429,
                 stream_id=create.stream_id,
             )
+        if self._budget is not None:
+            if not self._budget.reserve(cost):
+                raise ProtocolError(
+                    memory_budget_message("this request"),
+                    code=MEMORY_BUDGET_EXCEEDED,
+                    param=None,
+                    status=503,
+                    type="server_error",
+                    stream_id=create.stream_id,
+                )
+            self._costs[id(create)] = cost
         self._enqueue(lane, create)
 
     def refuse_in_order(self, error: ProtocolError) -> bool:
@@ -139,6 +157,19 @@ class Lanes:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._lanes.clear()
+        # What waited and was dropped, or was cancelled before it ran, holds nothing more.
+        for create_id in list(self._costs):
+            self._let_go(create_id)
+
+    def let_go(self, create: CreateEvent) -> None:
+        """`create` no longer holds what it cost (its response is being cached, which holds
+        its own); harmless when it held nothing or already let go."""
+        self._let_go(id(create))
+
+    def _let_go(self, create_id: int) -> None:
+        cost = self._costs.pop(create_id, 0)
+        if self._budget is not None:
+            self._budget.release(cost)
 
     def _enqueue(self, lane: _Lane, item: CreateEvent | ProtocolError) -> None:
         if isinstance(item, CreateEvent):
@@ -171,6 +202,7 @@ class Lanes:
                     logger.exception("a WebSocket mode request failed")
                 finally:
                     self._in_flight.release()
+                    self._let_go(id(item))
         except self._ends_lane:
             pass
         finally:

@@ -27,7 +27,15 @@ class Limits:
     a client that leaves a frame unread for `max_send_stall_seconds` is disconnected; a
     connection with no client frame and no turn running for `max_idle_seconds` is closed
     (None: never), which also frees what a vanished peer held;
-    `shutdown_grace_seconds` is how long running turns may finish when the server drains.
+    `shutdown_grace_seconds` is how long running turns may finish when the server drains;
+    `max_pending_steers` `response.steer` submissions may wait for one response, and
+    `max_steer_bytes` bounds all the steering input a connection holds waiting (in responses
+    and behind responses that wait for tool output), counted at its decoded size as the cache
+    counts items;
+    `max_memory_bytes` is the process-wide budget of everything WebSocket mode holds (sockets,
+    frames being parsed, queued creates, pending steering input, cached responses; every
+    middleware of the process counts against one account): work that does not fit is refused
+    (`memory_budget_exceeded`, 503) and, while it is exhausted, new sockets too (503).
     """
 
     max_connections: int = 1000
@@ -44,6 +52,9 @@ class Limits:
     max_send_stall_seconds: float = 60.0
     max_idle_seconds: float | None = 900.0
     shutdown_grace_seconds: float = 30.0
+    max_pending_steers: int = 16
+    max_steer_bytes: int = 16 * MiB
+    max_memory_bytes: int = 2048 * MiB
 
     def __post_init__(self) -> None:
         for field in fields(self):

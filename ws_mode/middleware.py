@@ -18,12 +18,13 @@ from .auth import (
     failure_code,
     principal_key,
 )
+from .budget import CONNECTION_COST, MemoryBudget
 from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
 from .origins import OriginPolicy
 from .persistence import store_scope
-from .protocol import error_body, json_answer
+from .protocol import MEMORY_BUDGET_EXCEEDED, error_body, json_answer, memory_budget_message
 from .settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
 from .stateful_http import StatefulHTTP
 from .store import ResponseStore
@@ -159,6 +160,7 @@ class WebSocketModeMiddleware:
             principal_key=principal_key,
             shared_store=shared_store,
             steering=steering,
+            budget=MemoryBudget(limits.max_memory_bytes),
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)
@@ -174,6 +176,7 @@ class WebSocketModeMiddleware:
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
         self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
+        self.stats.budget = self.settings.budget
 
     async def drain(self, grace: float | None = None) -> None:
         """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
@@ -233,6 +236,14 @@ class WebSocketModeMiddleware:
                 "connections; use the HTTP API or retry later.",
             )
             return
+        # The process's memory budget: a socket holds its own cost while it is open, and none
+        # is opened while the budget refuses work (a new socket would only bring more).
+        budget = self.settings.budget
+        if not budget.admits_connection() or not budget.reserve(CONNECTION_COST):
+            logger.warning("refusing a WebSocket mode connection: Limits.max_memory_bytes is used")
+            why = memory_budget_message("a new WebSocket mode connection", upgrade=True)
+            await self._refuse(scope, send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            return
         self.connections += 1
         try:
             identity = await self._authenticate(scope, send)
@@ -259,6 +270,7 @@ class WebSocketModeMiddleware:
                     del self._per_client[client]
         finally:
             self.connections -= 1
+            budget.release(CONNECTION_COST)
 
     async def _serve(
         self, scope: Scope, receive: Receive, send: Send, principal: Any, owner: str | None

@@ -37,6 +37,11 @@ _COUNTERS = (
     ("bytes_saved", "Context bytes clients did not have to re-send, joined from the cache."),
 )
 
+_MEMORY_GAUGES = (
+    ("memory_bytes", "Bytes WebSocket mode holds in this process (the memory budget's use)."),
+    ("memory_limit_bytes", "The memory budget: Limits.max_memory_bytes."),
+)
+
 
 class StatsCollector(Collector):
     """Reads a middleware's `stats` at every scrape."""
@@ -55,6 +60,14 @@ class StatsCollector(Collector):
         )
         for key, documentation in _COUNTERS:
             yield CounterMetricFamily(f"{name}_{key}", documentation, value=snapshot[key])
+        if "memory_bytes" in snapshot:  # the process's memory budget (Limits.max_memory_bytes)
+            for key, documentation in _MEMORY_GAUGES:
+                yield GaugeMetricFamily(f"{name}_{key}", documentation, value=snapshot[key])
+            yield CounterMetricFamily(
+                f"{name}_memory_refusals",
+                "Work refused because the memory budget could not hold it.",
+                value=snapshot["memory_refusals"],
+            )
         errors = CounterMetricFamily(
             f"{name}_errors", "Error events sent to clients, by code.", labels=["code"]
         )

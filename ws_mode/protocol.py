@@ -24,6 +24,8 @@ __all__ = [
     "error_body",
     "error_event",
     "json_answer",
+    "memory_budget_exceeded",
+    "memory_budget_message",
     "not_found",
     "quoted_id",
     "server_error",
@@ -141,6 +143,37 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
     )
 
 
+#: The code of work refused because the process's memory budget (`Limits.max_memory_bytes`)
+#: cannot hold it: on an error event, a `response.steer.failed` and a refused upgrade.
+MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
+
+
+def memory_budget_message(what: str, *, upgrade: bool = False) -> str:
+    """Why `what` was refused: the process's memory budget is exhausted; what the client may
+    do (a refused upgrade falls back to HTTP)."""
+    then = (
+        "Use the HTTP API or retry later."
+        if upgrade
+        else "This connection and its responses are kept: retry shortly."
+    )
+    return (
+        "The server cannot hold more work now (its memory budget, Limits.max_memory_bytes, is "
+        f"exhausted); {what} was refused. {then}"
+    )
+
+
+def memory_budget_exceeded(what: str, stream_id: str | None = None) -> dict[str, Any]:
+    """`memory_budget_exceeded` (503): the process's memory budget cannot hold `what` (a frame,
+    a request); the connection and its cached responses stay."""
+    return error_event(
+        503,
+        "server_error",
+        MEMORY_BUDGET_EXCEEDED,
+        memory_budget_message(what),
+        stream_id=stream_id,
+    )
+
+
 def error_body(type: str, code: str, message: str, param: str | None = None) -> bytes:
     """The body of an HTTP error answer, as OpenAI's API writes it."""
     return orjson.dumps({"error": {"type": type, "code": code, "message": message, "param": param}})
@@ -175,8 +208,10 @@ STEER_MESSAGES = {
     "(context_management) cannot be steered.",
     "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
     "steering input.",
-    "too_many_pending_steers": "Too much steering input is pending for this response (at most "
-    "{limit} submissions, 16 MiB in all).",
+    "too_many_pending_steers": "Too much steering input is pending: at most {limit} submissions "
+    "for one response (Limits.max_pending_steers), {bytes} bytes for the connection counted "
+    "decoded (Limits.max_steer_bytes).",
+    MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
     "response_not_active": "The response ended before the steering input could be applied.",
     "successor_creation_failed": "The response continuing with the steering input could not "
     "be created.",
@@ -193,10 +228,11 @@ def steer_failed_event(
 ) -> dict[str, Any]:
     """A `response.steer.failed` event returning the uncommitted input to the client; it
     carries the target response's lane when that is known."""
+    kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
     event: dict[str, Any] = {
         "type": "response.steer.failed",
         "sequence_number": 0,
-        "error": {"type": "invalid_request_error", "code": code, "message": message},
+        "error": {"type": kind, "code": code, "message": message},
         "steer": {"previous_response_id": previous_response_id, "input": input},
     }
     if stream_id is not None:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from .asgi import ASGIApp
 from .auth import Authenticator, PrincipalKey
+from .budget import MemoryBudget
 from .errors import ConfigError
 from .limits import Limits
 from .stats import Stats
@@ -52,6 +53,8 @@ class Settings:
     #: `steering_not_supported`.
     steering: bool = True
     stats: Stats = field(default_factory=Stats)
+    #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
+    budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))
 
 
 def check_principals(

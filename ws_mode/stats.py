@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from .budget import MemoryBudget
+
 __all__ = ["LATENCY_BUCKETS", "Stats"]
 
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
@@ -41,6 +43,8 @@ class Stats:
         self._closed_evictions = 0
         #: Reads the evictions of the caches of open connections (set by the middleware).
         self.live_evictions: Callable[[], int] = lambda: 0
+        #: The middleware's share of the process's memory budget (set by the middleware).
+        self.budget: MemoryBudget | None = None
 
     @property
     def cache_evictions(self) -> int:
@@ -62,6 +66,21 @@ class Stats:
         self.latency_sum += seconds
         if failed:
             self.turns_failed += 1
+
+    def _memory(self) -> dict[str, int]:
+        """The memory budget (`Limits.max_memory_bytes`): what WebSocket mode holds in this
+        process (every middleware of it), this middleware's part, the limit, the most ever
+        held, and the reservations refused (work answered `memory_budget_exceeded`)."""
+        budget = self.budget
+        if budget is None:
+            return {}
+        return {
+            "memory_bytes": budget.used,
+            "memory_held_bytes": budget.held,
+            "memory_limit_bytes": budget.limit,
+            "memory_peak_bytes": budget.account.peak,
+            "memory_refusals": budget.refusals,
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """Every counter as plain numbers; `turn_latency` as cumulative histogram buckets."""
@@ -87,5 +106,6 @@ class Stats:
             "store_writes": self.store_writes,
             "store_failures": self.store_failures,
             "errors": dict(self.errors),
+            **self._memory(),
             "turn_latency": {"buckets": cumulative, "count": total, "sum": self.latency_sum},
         }

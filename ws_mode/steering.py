@@ -13,7 +13,13 @@ handler that knows nothing of steering:
   in `response.steer.failed`, `successor_creation_failed`);
 - a response that ends waiting for the client's tool output keeps the input queued and says
   so with `response.steer.pending` (`required_input`: the calls to answer); the client's next
-  `response.create` continuing that response gets the queued input prepended to its own.
+  `response.create` continuing that response gets the queued input prepended to its own (its
+  `response.created` commits it too; a continuation that fails before it returns the input in
+  `response.steer.failed`, `successor_creation_failed`).
+
+Input waiting in any of these places counts at its decoded size (as the cache counts items)
+against `Limits.max_steer_bytes` per connection and the process's memory budget, from its
+acceptance until it is committed, returned or dropped.
 
 A handler may take the input itself instead: `Turn.claim_steering()` early in the turn, then
 `Turn.take_steering()` between tokens. Steering input lives on the connection only.
@@ -30,14 +36,15 @@ from typing import Any, Final
 
 import orjson
 
+from .budget import MemoryBudget
+from .cache import decoded_size
 from .client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
 from .items import Items
-from .protocol import STEER_MESSAGES, quoted_id, steer_failed_event
+from .limits import Limits
+from .protocol import MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES, quoted_id, steer_failed_event
 
 __all__ = [
     "CLIENT_CALLS",
-    "MAX_PENDING_STEERS",
-    "MAX_PENDING_STEER_BYTES",
     "MAX_WAITING_RESPONSES",
     "Outcome",
     "Steer",
@@ -46,13 +53,9 @@ __all__ = [
     "required_input",
 ]
 
-#: Steers one response may hold queued before more are refused (`too_many_pending_steers`).
-MAX_PENDING_STEERS: Final = 16
-#: The bytes of steering input one response may hold queued (`too_many_pending_steers` past it).
-MAX_PENDING_STEER_BYTES: Final = 16 * 1024 * 1024
-
 #: Responses that may hold steering input waiting for the client's tool output; past this
-#: many, the oldest one's input is dropped (a client that never continued it).
+#: many, the oldest one's input is dropped (a client that never continued it). What that
+#: input may cost is bounded by `Limits.max_steer_bytes`; this only bounds the bookkeeping.
 MAX_WAITING_RESPONSES: Final = 256
 
 #: Output items the client answers (a tool it runs, an approval it gives): a response is never
@@ -76,7 +79,7 @@ class Steer:
     target: str
     input: Any  # as the client sent it: returned as is when it cannot be committed
     items: list[dict[str, Any]]
-    size: int = 0  # the input's encoded bytes
+    size: int = 0  # what the input costs held decoded (`ws_mode.cache.decoded_size`)
 
 
 def _items(value: Any) -> list[dict[str, Any]]:
@@ -95,6 +98,8 @@ class SteerInbox:
     claimed: bool = False
     #: Set while input waits; a claiming handler may wait on it.
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Called with what a handler took (applied: it no longer waits).
+    applied: Callable[[list[Steer]], None] | None = None
 
     def put(self, steer: Steer) -> None:
         """Queue one accepted steer."""
@@ -102,7 +107,15 @@ class SteerInbox:
         self.arrived.set()
 
     def take(self) -> list[Steer]:
-        """Everything queued, in submission order; the inbox is empty afterwards."""
+        """Everything queued, in submission order, for a handler that applies it itself; the
+        inbox is empty afterwards."""
+        steers = self.drain()
+        if steers and self.applied is not None:
+            self.applied(steers)
+        return steers
+
+    def drain(self) -> list[Steer]:
+        """Everything queued, in submission order, still waiting to be committed."""
         steers, self.steers = self.steers, []
         self.arrived.clear()
         return steers
@@ -134,10 +147,40 @@ class Steering:
     """One connection's steering: accepting steers into active responses' inboxes, and the
     input still queued behind responses that wait for the client."""
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(
+        self, *, enabled: bool, limits: Limits | None = None, budget: MemoryBudget | None = None
+    ) -> None:
         self.enabled = enabled
+        self.limits = limits if limits is not None else Limits()
+        self.budget = budget
         #: Responses that ended waiting for the client, and the steers queued behind them.
         self.pending: dict[str, list[Steer]] = {}
+        #: The steers accepted and not yet committed, returned or dropped: what they cost.
+        self._held: dict[str, int] = {}
+
+    @property
+    def bytes(self) -> int:
+        """What the steering input waiting on this connection costs (`max_steer_bytes`)."""
+        return sum(self._held.values())
+
+    def inbox(self) -> SteerInbox:
+        """A new response's inbox; what its handler takes there stops counting."""
+        return SteerInbox(applied=self.release)
+
+    def release(self, steers: Iterable[Steer]) -> None:
+        """`steers` no longer wait (committed, returned or dropped): give back what they held.
+        Releasing one twice is harmless."""
+        for steer in steers:
+            size = self._held.pop(steer.id, None)
+            if size is not None and self.budget is not None:
+                self.budget.release(size)
+
+    def close(self) -> None:
+        """The connection ended: everything still waiting is dropped with it."""
+        self.pending.clear()
+        held, self._held = self._held, {}
+        if self.budget is not None:
+            self.budget.release(sum(held.values()))
 
     def accept(
         self,
@@ -172,11 +215,18 @@ class Steering:
                 "response_not_found",
                 STEER_MESSAGES["response_not_found"].format(id=quoted_id(target)),
             )
-        size = len(orjson.dumps(steer.input))
-        queued = sum(waiting.size for waiting in active.steers)
-        if len(active.steers) >= MAX_PENDING_STEERS or queued + size > MAX_PENDING_STEER_BYTES:
-            message = STEER_MESSAGES["too_many_pending_steers"].format(limit=MAX_PENDING_STEERS)
+        size = decoded_size(orjson.dumps(steer.input))
+        limits = self.limits
+        if (
+            len(active.steers) >= limits.max_pending_steers
+            or self.bytes + size > limits.max_steer_bytes
+        ):
+            message = STEER_MESSAGES["too_many_pending_steers"].format(
+                limit=limits.max_pending_steers, bytes=limits.max_steer_bytes
+            )
             return failed("too_many_pending_steers", message)
+        if self.budget is not None and not self.budget.reserve(size):
+            return failed(MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES[MEMORY_BUDGET_EXCEEDED])
         accepted = Steer(
             id="steer_" + secrets.token_hex(12),
             target=target,
@@ -184,6 +234,7 @@ class Steering:
             items=_items(steer.input),
             size=size,
         )
+        self._held[accepted.id] = size
         active.put(accepted)
         return accepted
 
@@ -194,16 +245,18 @@ class Steering:
         fields = create.fields
         return fields.get("conversation") is None and fields.get("context_management") is None
 
-    def prepend_pending(self, create: CreateEvent) -> CreateEvent:
+    def prepend_pending(self, create: CreateEvent) -> tuple[CreateEvent, list[Steer]]:
         """`create` with the input queued behind its parent prepended, in submission order
-        (the parent waited for the client's tool output)."""
+        (the parent waited for the client's tool output), and the steers it is to commit:
+        its `response.created` commits them; if it fails before, they are returned
+        (`settle`), never lost."""
         parent = create.previous_response_id
         steers = self.pending.pop(parent, None) if parent is not None else None
         if not steers:
-            return create
+            return create, []
         items = [item for steer in steers for item in steer.items]
         items.extend(create.new_input)
-        return _with_input(create, items)
+        return _with_input(create, items), steers
 
     async def follow(
         self,
@@ -215,11 +268,12 @@ class Steering:
         inbox (and the steers it commits), or None. A response that waits for the client keeps
         the input queued and says so (`response.steer.pending`); one that failed returns it
         (`response.steer.failed`, `response_not_active`)."""
-        steers = outcome.inbox.take()
+        steers = outcome.inbox.drain()
         if not steers:
             return None
         lane = create.stream_id
         if outcome.response_id is None or outcome.output is None:
+            self.release(steers)
             for steer in steers:
                 await send(outcome.numbered(not_committed(steer, "response_not_active", lane)))
             return None
@@ -227,20 +281,29 @@ class Steering:
         if stubs:
             self.pending.setdefault(outcome.response_id, []).extend(steers)
             while len(self.pending) > MAX_WAITING_RESPONSES:
-                del self.pending[next(iter(self.pending))]  # the oldest: never continued
+                # The oldest: never continued.
+                self.release(self.pending.pop(next(iter(self.pending))))
             for steer in steers:
                 await send(outcome.numbered(pending_event(steer, stubs, lane)))
             return None
         items = [item for steer in steers for item in steer.items]
         return _with_input(create, items, previous_response_id=outcome.response_id), steers
 
-    @staticmethod
-    async def not_created(
-        steers: list[Steer], lane: str | None, send: Callable[[dict[str, Any]], Awaitable[None]]
+    async def settle(
+        self,
+        steers: list[Steer],
+        created: bool,
+        lane: str | None,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
     ) -> None:
-        """Return the input of a successor that failed before its `response.created`."""
-        for steer in steers:
-            await send(not_committed(steer, "successor_creation_failed", lane))
+        """The response that was to commit `steers` (a successor, or the client's continuation
+        they were prepended to) ended: `created` (it sent `response.created`) commits them;
+        otherwise their input is returned (`successor_creation_failed`). Either way they no
+        longer wait."""
+        self.release(steers)
+        if not created:
+            for steer in steers:
+                await send(not_committed(steer, "successor_creation_failed", lane))
 
 
 @dataclass(slots=True)

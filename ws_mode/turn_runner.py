@@ -28,7 +28,7 @@ from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
 from .persistence import StoreLink, StoreUnavailable
 from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
-from .steering import Outcome, Steer, SteerInbox, Steering
+from .steering import Outcome, SteerInbox, Steering
 from .tokens import Tokens
 from .turn import Turn, build_body, tools_digest
 
@@ -77,19 +77,29 @@ class TurnRunner:
         #: Work that follows responses, off the next turn's path.
         self.after = AfterResponses(settings)
         #: `response.steer` input, queued into responses and behind them (`ws_mode.steering`).
-        self.steering = Steering(enabled=settings.steering)
+        self.steering = Steering(
+            enabled=settings.steering, limits=settings.limits, budget=settings.budget
+        )
+        #: Called with the request `run` was given once its response is about to be cached:
+        #: what the request held in the memory budget is let go first, so the two never
+        #: count at once (set by the connection: `Lanes.let_go`).
+        self.request_done: Callable[[CreateEvent], None] = lambda create: None
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
         cache; then the successors steering input calls for, on the same lane."""
-        create = self.steering.prepend_pending(create)
-        committing: list[Steer] = []
+        # Input queued behind the parent is committed by this create's response.created, or
+        # returned if it fails before: kept until then, never dropped on the way.
+        request = create
+        create, committing = self.steering.prepend_pending(create)
         while True:
             steerable = self.steering.enabled and self.steering.steerable(create)
-            inbox = SteerInbox() if steerable else None
-            outcome = await self._run_one(create, inbox)
-            if committing and (outcome is None or outcome.response_id is None):
-                await self.steering.not_created(committing, create.stream_id, self._send_event)
+            inbox = self.steering.inbox() if steerable else None
+            outcome = await self._run_one(create, inbox, request)
+            if committing:
+                created = outcome is not None and outcome.response_id is not None
+                await self.steering.settle(committing, created, create.stream_id, self._send_event)
+                committing = []
             if outcome is None or inbox is None:
                 return
             follow = await self.steering.follow(create, outcome, self._send_event)
@@ -102,8 +112,10 @@ class TurnRunner:
     async def _send_event(self, event: dict[str, Any]) -> None:
         await self.send_text(encode_event(event))
 
-    async def _run_one(self, create: CreateEvent, inbox: SteerInbox | None) -> Outcome | None:
-        """One turn; how its response ended when it had a steering inbox."""
+    async def _run_one(
+        self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
+    ) -> Outcome | None:
+        """One turn (`request` is what the client sent); how its response ended."""
         previous: CachedResponse | None = None
         forwarded = False
         if create.previous_response_id is not None:
@@ -139,6 +151,7 @@ class TurnRunner:
             return None
         if body is None:
             self.stats.warm_ups += 1
+            self.request_done(request)
             await self._warm_up(create, current, new_fragment)
             return None
         self.stats.turns += 1
@@ -159,6 +172,7 @@ class TurnRunner:
                 remote=forwarded,
                 storable=_storable(create),
             )
+            self.request_done(request)
             self._remember(node, current, output)
             self.after.start(node, current, response)
 
@@ -214,9 +228,14 @@ class TurnRunner:
                 logger.exception("WebSocket mode turn failed")
                 if not stream.finished:
                     await stream.event(server_error("The server failed to run this request."))
-        if inbox is None:
-            return None
-        return Outcome(inbox, stream.response_id, stream.output, stream.next_sequence_number())
+        # Without an inbox too: whether it was created decides what becomes of the steering
+        # input this create was to commit.
+        return Outcome(
+            inbox if inbox is not None else SteerInbox(),
+            stream.response_id,
+            stream.output,
+            stream.next_sequence_number(),
+        )
 
     def _prepare(
         self,
