@@ -36,6 +36,7 @@ class Framing:
     ids: bool = False  # `id:` lines, and a `retry:` line
     multiline: bool = False  # each event's JSON spread over several `data:` lines
     space: bool = True  # `data: ` (or `data:`)
+    length: bool = False  # a content-length header
     cuts: list[int] = field(default_factory=list)  # where the body is cut into chunks
 
 
@@ -72,7 +73,10 @@ class Handler:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    *([(b"content-length", b"%d" % len(payload))] if self.framing.length else []),
+                ],
             }
         )
         start = 0
@@ -244,6 +248,7 @@ framings = st.builds(
     ids=st.booleans(),
     multiline=st.booleans(),
     space=st.booleans(),
+    length=st.booleans(),
     cuts=st.lists(st.integers(min_value=1, max_value=3000), max_size=12),
 )
 

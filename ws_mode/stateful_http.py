@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -144,7 +144,7 @@ class StatefulHTTP:
             writes.append(asyncio.create_task(keep(self.store, self.settings.stats, owner, record)))
 
         watcher = _Watcher(send, parent_id if chain else None, finished)
-        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
+        headers = _without_length(scope.get("headers", ()))
         headers.append((b"content-length", str(len(request)).encode()))
         await self.settings.app(
             {**scope, "headers": headers}, replay_body(request, receive), watcher
@@ -185,6 +185,8 @@ class _Watcher:
                     kind = value.lower()
             if message["status"] < 300 and kind.startswith(b"text/event-stream"):
                 self._blocks = SSEBlocks()
+                # An echo may change the stream's length.
+                message = {**message, "headers": _without_length(message.get("headers", ()))}
             elif message["status"] < 300 and kind.startswith(b"application/json"):
                 self._json, self._start = [], message
                 return  # sent with the body, whose length may change
@@ -233,15 +235,15 @@ class _Watcher:
             kind = TERMINAL_EVENT_BY_STATUS.get(status, "response.in_progress")
             if self._see({"type": kind, "response": response}):
                 body = orjson.dumps(response)
-                headers = [
-                    (name, value)
-                    for name, value in start.get("headers", ())
-                    if name.lower() != b"content-length"
-                ]
+                headers = _without_length(start.get("headers", ()))
                 headers.append((b"content-length", str(len(body)).encode()))
                 start = {**start, "headers": headers}
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body})
+
+
+def _without_length(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(name, value) for name, value in headers if name.lower() != b"content-length"]
 
 
 def _parse_request(raw: bytes) -> tuple[dict[str, Any], bytes] | None:
