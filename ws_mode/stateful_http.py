@@ -5,8 +5,10 @@ HTTP Responses API in front of a stateless handler, with the same store the sock
 
 - `POST {path}` with `previous_response_id`: the stored conversation is put in front of the
   new input, so the handler gets the whole context, exactly as over the socket; the response
-  echoes `previous_response_id`. Every finished response whose request allows storing
-  (`store` is true by default) is stored, with or without a parent.
+  objects echo `previous_response_id`, and every other byte of the answer passes as the
+  handler wrote it. Events are read by the tap the socket uses (`ResponseTap`). Every
+  finished response whose request allows storing (`store` is true by default) is stored,
+  with or without a parent. A large body is parsed off the event loop, as a large frame is.
 - `GET {path}/{id}` answers the stored response object; `DELETE {path}/{id}` forgets it.
 
 Responses are scoped as over the socket: by the `authenticate` hook's principal, or by the
