@@ -122,7 +122,7 @@ def _in_place_seconds(text: str) -> float:
 def test_a_killed_helper_is_replaced_and_large_frames_stay_off_the_loop(when: str) -> None:
     """An OOM-killed helper (idle, or with a frame in hand) is replaced: the frame it held and
     the next ones are parsed by a new helper, never on the event loop."""
-    text = big_create(400_000)
+    text = big_create(250_000)
     in_place = _in_place_seconds(text)
 
     async def scenario() -> tuple[set[int], set[int], list[object], float]:
@@ -210,3 +210,21 @@ def test_helpers_that_cannot_start_are_tried_again_later(monkeypatch: pytest.Mon
         asyncio.run(scenario())
     finally:
         pool.stop()
+
+
+def test_a_frame_whose_helpers_died_is_answered_with_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frame that took two helpers down is refused with a server error the client sees
+    (never parsed on the loop, never dropped silently). The deaths are stood in for: no
+    real frame kills a helper on demand (the deaths themselves are tested above)."""
+
+    async def died(*_: object) -> object:
+        raise HelperDied
+
+    monkeypatch.setattr(frames, "in_helper", died)
+    with pytest.raises(ProtocolError) as refused:
+        asyncio.run(parse_frame(big_create(60_000)))
+    assert refused.value.code == "server_error"
+    assert refused.value.status == 500
+    assert refused.value.event()["error"]["type"] == "server_error"

@@ -303,7 +303,7 @@ def blocks_of(*chunks: bytes) -> tuple[list[SSEBlock], bytes]:
     return blocks, splitter.rest()
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(
     events=st.lists(generated_events(), max_size=6),
     bom=st.booleans(),

@@ -254,7 +254,7 @@ framings = st.builds(
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(framing=framings)
 def test_any_framing_reaches_the_client_as_the_handler_sent_it(
