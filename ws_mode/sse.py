@@ -199,6 +199,22 @@ class SSEBlocks:
 
     def feed(self, chunk: bytes) -> list[SSEBlock]:
         """The blocks this chunk of the body completed, in order."""
+        if (
+            self._started
+            and not self._block
+            and not self._line
+            and not self._skip_lf
+            and chunk[-2:] == b"\n\n"
+            and b"\r" not in chunk
+        ):
+            # Whole events with LF line ends, as servers flush them: cut at the blank lines
+            # (each piece holds at most one event) and let the decoder read each whole.
+            decoder = self._decoder
+            pieces = []
+            for piece in chunk[:-2].split(b"\n\n"):
+                events = decoder._whole_events(piece + b"\n\n")
+                pieces.append(SSEBlock([piece + b"\n\n"], events[0] if events else None))
+            return pieces
         blocks: list[SSEBlock] = []
         if self._skip_lf and chunk:
             self._skip_lf = False
