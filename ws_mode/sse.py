@@ -212,8 +212,8 @@ class SSEBlocks:
             decoder = self._decoder
             pieces = []
             for piece in chunk[:-2].split(b"\n\n"):
-                events = decoder._whole_events(piece + b"\n\n")
-                pieces.append(SSEBlock([piece + b"\n\n"], events[0] if events else None))
+                found = decoder._whole_events(piece + b"\n\n")
+                pieces.append(SSEBlock([piece + b"\n\n"], found[0] if found else None))
             return pieces
         blocks: list[SSEBlock] = []
         if self._skip_lf and chunk:
