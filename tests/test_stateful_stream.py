@@ -5,7 +5,9 @@ objects change, to echo `previous_response_id`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ class Handler:
 
     def __init__(self) -> None:
         self.framing = Framing()
+        self.hold: threading.Event | None = None
         self.sent: dict[str, bytes] = {}
         self.inputs: dict[str, list[Any]] = {}
 
@@ -79,6 +82,9 @@ class Handler:
                 ],
             }
         )
+        if self.hold is not None:  # a heartbeat, then nothing until the test says so
+            await send({"type": "http.response.body", "body": b": ping\n", "more_body": True})
+            await asyncio.to_thread(self.hold.wait, 10)
         start = 0
         for cut in [*sorted(set(self.framing.cuts)), len(payload)]:
             if start < cut <= len(payload):
@@ -276,3 +282,24 @@ def test_any_framing_reaches_the_client_as_the_handler_sent_it(
     assert stored.json() == second[-1][1]["response"]
     plain, direct = post(running.plain, input="Hi")  # what "sent" holds is what it sends
     assert plain == running.handler.sent[response_id(direct)]
+
+
+def test_a_heartbeat_reaches_the_client_at_once(running: Running) -> None:
+    """A comment is passed on as it arrives, not held with the event after it: it keeps an
+    idle connection alive."""
+    running.handler.framing = Framing()
+    running.handler.hold = hold = threading.Event()
+    payload = {"model": "scripted", "stream": True, "input": "Hi"}
+    try:
+        with (
+            httpx.Client(base_url=running.url, timeout=5) as client,
+            client.stream("POST", "/v1/responses", json=payload) as answer,
+        ):
+            chunks = answer.iter_raw()
+            assert next(chunks) == b": ping\n"  # while the handler still holds the rest
+            hold.set()
+            rest = b"".join(chunks)
+    finally:
+        hold.set()
+        running.handler.hold = None
+    assert decode(rest)[-1][1]["type"] == "response.completed"
