@@ -14,8 +14,9 @@ import httpx
 import orjson
 import pytest
 
-from ws_mode import WebSocketModeMiddleware
+from ws_mode import WebSocketModeMiddleware, stateful_http
 from ws_mode.asgi import Receive, Scope, Send
+from ws_mode.frames import HelperDied
 from ws_mode.store import MemoryStore
 from ws_mode.tools.loopback import ServerThread
 
@@ -110,3 +111,23 @@ def test_a_large_post_does_not_stall_the_loop(running: tuple[str, Handler]) -> N
     assert "previous_response_id" not in request
     assert len(request["input"]) == 1 + 1 + len(items)  # the parent's input and output first
     assert longest < in_place / 3, f"held {longest * 1000:.0f} ms; in place {in_place * 1000:.0f}"
+
+
+def test_a_body_whose_helpers_died_is_answered_with_a_server_error(
+    running: tuple[str, Handler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never parsed on the loop instead, never passed on half-read. (The deaths are stood in
+    for; tests/test_frames.py kills real helpers.)"""
+    url, handler = running
+
+    async def died(*_: object) -> object:
+        raise HelperDied
+
+    monkeypatch.setattr(stateful_http, "in_helper", died)
+    served = len(handler.received)
+    big = orjson.dumps({"model": "m", "input": [{"role": "user", "content": "x"}] * 60_000})
+    with httpx.Client(base_url=url, timeout=30) as client:
+        answer = client.post("/v1/responses", content=big)
+    assert answer.status_code == 500
+    assert answer.json()["error"]["type"] == "server_error"
+    assert len(handler.received) == served  # the handler never saw it
