@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from ws_mode.events import ResponseStream, lifecycle_events
 from ws_mode.protocol import server_error
+from ws_mode.tap import ResponseTap
 
 # The SDK's socket event union, each model picked by its type (the union has no discriminator).
 SERVER_EVENTS: dict[str, type[BaseModel]] = {
@@ -556,3 +557,28 @@ async def test_a_handler_error_keeps_its_own_sequence_number() -> None:
     )
     (event,) = recorder.decoded
     assert event["sequence_number"] == 7
+
+
+def test_the_tap_reads_the_datas_type_echoes_and_fills_an_omitted_output() -> None:
+    """The tap both paths share: the data's `type` wins over the `event:` line; the echo says
+    whether it changed the response object; a terminal event without output gets the
+    finished items."""
+    tap = ResponseTap("resp_parent")
+    created = tap.decode("message", b'{"type":"response.created","response":{"id":"r"}}')
+    assert created is not None
+    assert created["type"] == "response.created"
+    assert tap.see(created)  # the echo added the parent
+    assert not tap.see({"type": "response.in_progress", "response": {**created["response"]}})
+    item = {"type": "message", "id": "m", "content": []}
+    done = tap.decode(None, orjson.dumps({"type": "response.output_item.done", "item": item}))
+    assert done is not None
+    assert not tap.see(done)
+    untyped = tap.decode("response.completed", b'{"response":{"id":"r","output":[]}}')
+    assert untyped is not None
+    tap.see(untyped)
+    assert tap.finished
+    assert tap.succeeded
+    assert tap.response is untyped["response"]
+    assert tap.response["previous_response_id"] == "resp_parent"
+    assert tap.output == [item]
+    assert tap.decode(None, b"[1]") is None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ws_mode.sse import SSEDecoder, SSEEvent, encode_sse
+from ws_mode.sse import SSEBlock, SSEBlocks, SSEDecoder, SSEEvent, encode_sse
 
 
 def decode(*chunks: bytes) -> list[SSEEvent]:
@@ -295,3 +295,50 @@ def test_encoded_events_decode_to_themselves(events: list[dict[str, object]]) ->
     assert [(kind, orjson.loads(data)) for kind, data in decoded] == [
         (e["type"], e) for e in events
     ]
+
+
+def blocks_of(*chunks: bytes) -> tuple[list[SSEBlock], bytes]:
+    splitter = SSEBlocks()
+    blocks = [block for chunk in chunks for block in splitter.feed(chunk)]
+    return blocks, splitter.rest()
+
+
+@settings(max_examples=100)
+@given(
+    events=st.lists(generated_events(), max_size=6),
+    bom=st.booleans(),
+    tail=st.binary(max_size=8),
+    data=st.data(),
+)
+def test_blocks_keep_every_byte_and_dispatch_as_the_decoder(
+    events: list[Generated], bom: bool, tail: bytes, data: st.DataObject
+) -> None:
+    """Cut anywhere, the blocks put back together are the body, and their events are the
+    decoder's."""
+    body = (b"\xef\xbb\xbf" if bom else b"") + serialize(events, data) + tail
+    blocks, rest = blocks_of(*data.draw(cuts(body)))
+    assert b"".join(block.raw for block in blocks) + rest == body
+    assert [block.event for block in blocks if block.event is not None] == decode(body)
+
+
+@settings(max_examples=200)
+@given(body=st.binary(max_size=60), data=st.data())
+def test_blocks_of_arbitrary_bytes_keep_every_byte(body: bytes, data: st.DataObject) -> None:
+    blocks, rest = blocks_of(*data.draw(cuts(body)))
+    assert b"".join(block.raw for block in blocks) + rest == body
+    assert [block.event for block in blocks if block.event is not None] == decode(body)
+
+
+def test_comments_pass_at_once_and_events_wait_for_their_blank_line() -> None:
+    splitter = SSEBlocks()
+    assert [block.raw for block in splitter.feed(b": ping\r\n")] == [b": ping\r\n"]
+    assert splitter.feed(b"id: 7\r\ndata: {}\r\n") == []
+    (block,) = splitter.feed(b"\r\n")
+    assert block.raw == b"id: 7\r\ndata: {}\r\n\r\n"
+    assert block.event == (None, b"{}")
+
+
+def test_with_data_replaces_only_the_data_lines() -> None:
+    (block,) = SSEBlocks().feed(b'id: 1\r\nevent: e\r\ndata: {"a":\r\n: c\r\ndata:1}\r\n\r\n')
+    assert block.with_data(b'{"a":2}') == b'id: 1\r\nevent: e\r\ndata: {"a":2}\r\n: c\r\n\r\n'
+    assert block.with_data(b"x\ny") == b"id: 1\r\nevent: e\r\ndata: x\r\ndata: y\r\n: c\r\n\r\n"

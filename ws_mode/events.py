@@ -1,8 +1,9 @@
 """A response's events on their way to the socket, and the events of a finished response.
 
 Every event is checked to be a JSON object (a handler that sends anything else gets an error
-event for its turn), but most go out as the handler encoded them: the SSE `event:` line names
-the type, and a lane's `stream_id` is spliced into the encoded object. Only the events that
+event for its turn), but most go out as the handler encoded them: the data's own `type` names
+it (read by the `ResponseTap`, which stateful HTTP shares), and a lane's `stream_id` is spliced
+into the encoded object. Only the events that
 carry the response object (`response.created`, `response.completed`, ...), finished output items
 and errors are re-encoded: the first to echo the client's `previous_response_id`, the terminal
 ones to advance the cache before the client hears the response finished.
@@ -16,19 +17,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
-from orjson import JSONDecodeError, loads
 
 from .cache import decoded_size
 from .logs import for_log
-from .protocol import (
-    DECODED_EVENTS,
-    FAILURE_EVENTS,
-    RESPONSE_EVENTS,
-    SUCCESS_EVENTS,
-    TERMINAL_EVENT_BY_STATUS,
-    server_error,
-)
-from .steering import CLIENT_CALLS, SteerInbox
+from .protocol import DECODED_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from .steering import SteerInbox
+from .tap import ResponseTap
 
 __all__ = ["ResponseStream", "lifecycle_events"]
 
@@ -36,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 class ResponseStream:
-    """Decorates and forwards the events of one response; remembers how it ended.
+    """Decorates and forwards the events of one response; remembers how it ended (its `tap`).
 
     `on_finished(response, output, size)` runs on a terminal success before that event is sent
     (`size`: the response object's decoded size, for the cache's accounting),
@@ -45,24 +39,17 @@ class ResponseStream:
     """
 
     __slots__ = (
-        "_client_calls",
-        "_output_items",
         "_prefix",
         "_sent",
-        "_started",
         "ended",
-        "failure",
         "finished",
         "inbox",
         "on_failed",
         "on_finished",
-        "output",
-        "previous_response_id",
-        "response_id",
         "send_text",
         "steered",
         "stream_id",
-        "succeeded",
+        "tap",
     )
 
     def __init__(
@@ -80,24 +67,35 @@ class ResponseStream:
         self.inbox = inbox
         #: The response was ended at an output boundary for steering input.
         self.steered = False
-        #: The finished response's output items (None until it finished well).
-        self.output: list[dict[str, Any]] | None = None
-        self._started: dict[str, Any] | None = None  # the response as `response.created` had it
-        self._client_calls = False  # an item the client must answer is out: never cut
+        self.tap = ResponseTap(previous_response_id)
         self.stream_id = stream_id
-        self.previous_response_id = previous_response_id
         self.on_finished = on_finished
         self.on_failed = on_failed
         self.finished = False
         #: Set when the response ended (`finished`), for whoever waits on it.
         self.ended = asyncio.Event()
-        self.succeeded = False
-        #: The error code the response failed with (`response_failed` when it had none).
-        self.failure: str | None = None
-        self.response_id: str | None = None
-        self._output_items: dict[int, dict[str, Any]] = {}
         self._sent = 0  # events sent so far: the next one's sequence_number
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
+
+    @property
+    def succeeded(self) -> bool:
+        """The response finished well."""
+        return self.tap.succeeded
+
+    @property
+    def failure(self) -> str | None:
+        """The error code the response failed with (`response_failed` when it had none)."""
+        return self.tap.failure
+
+    @property
+    def output(self) -> list[dict[str, Any]] | None:
+        """The finished response's output items (None until it finished well)."""
+        return self.tap.output
+
+    @property
+    def response_id(self) -> str | None:
+        """The response's id, once an event carried it."""
+        return self.tap.response_id
 
     def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
         """One event of the handler's SSE stream: the frame that forwards it as it was encoded
@@ -105,21 +103,17 @@ class ResponseStream:
         :meth:`handler_event` instead (it carries the response or an error); None when it is
         no JSON object.
 
-        The data's own `type` decides (the `event:` line only stands in when it has none).
-        Synchronous, so a chunk's events go out with no await but the sends themselves.
+        The tap decodes it (the data's own `type` decides). Synchronous, so a chunk's events
+        go out with no await but the sends themselves.
         """
-        try:
-            event = loads(data)
-        except JSONDecodeError:
+        event = self.tap.decode(event_type, data)
+        if event is None:
             return None
-        if type(event) is not dict:
-            return None
-        kind = event.get("type", event_type)
+        kind = event.get("type")
         if kind.__class__ is str and kind in DECODED_EVENTS:
             if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
-                event["type"] = kind
                 return event
-            self._remember_item(event)
+            self.tap.remember_item(event)
         prefix = self._prefix
         if prefix is not None:
             data = data.strip()
@@ -166,30 +160,24 @@ class ResponseStream:
         if self.finished:
             return
         kind = event.get("type")
-        response = None
-        if kind in RESPONSE_EVENTS:
-            response = event.get("response")
-            if isinstance(response, dict):
-                response["previous_response_id"] = self.previous_response_id
-                if isinstance(response.get("id"), str):
-                    self.response_id = response["id"]
-                if self._started is None:
-                    self._started = response
-        elif kind == "error":
+        if kind == "error":
             event = _nested_error(event)
             if not from_handler or not isinstance(event.get("sequence_number"), int):
                 event["sequence_number"] = self._sent
-        elif kind == "response.output_item.done":
-            self._remember_item(event)
+        tap = self.tap
+        tap.see(event)
         if self.stream_id is not None:
             event["stream_id"] = self.stream_id
         text = orjson.dumps(event).decode()
         # The cache advances before the client hears the response finished, so it can
         # continue from it at once, on any lane.
-        if kind in SUCCESS_EVENTS:
-            self._succeed(response, decoded_size(text))
-        elif kind in FAILURE_EVENTS:
-            self._fail(_failure_code(event))
+        if tap.finished:
+            self.finished = True
+            self.ended.set()
+            if tap.response is not None and tap.output is not None:
+                self.on_finished(tap.response, tap.output, decoded_size(text))
+            elif tap.failure is not None:
+                self.on_failed()
         self._sent += 1
         await self.send_text(text)
         if kind == "response.output_item.done" and self.inbox is not None and self.inbox.cuts:
@@ -198,45 +186,18 @@ class ResponseStream:
     async def _cut(self) -> None:
         """End the response here for the steering input queued, unless an item the client
         must answer is out (steering never cancels tools)."""
-        if self._client_calls or self._started is None or self.finished:
+        tap = self.tap
+        if tap.client_calls or tap.started is None or self.finished:
             return
-        output = [self._output_items[index] for index in sorted(self._output_items)]
         response = {
-            **self._started,
+            **tap.started,
             "status": "incomplete",
             "incomplete_details": {"reason": "steered"},
-            "output": output,
+            "output": tap.items_so_far(),
         }
         self.steered = True
         cut = {"type": "response.incomplete", "sequence_number": self._sent, "response": response}
         await self.event(cut)
-
-    def _remember_item(self, event: dict[str, Any]) -> None:
-        item, index = event.get("item"), event.get("output_index")
-        if isinstance(item, dict):
-            if item.get("type") in CLIENT_CALLS:
-                self._client_calls = True
-            self._output_items[index if isinstance(index, int) else len(self._output_items)] = item
-
-    def _succeed(self, response: Any, size: int) -> None:
-        self.finished = True
-        self.ended.set()
-        if not isinstance(response, dict) or not isinstance(response.get("id"), str):
-            logger.warning("a terminal event had no response id; the response is not cached")
-            return
-        output = response.get("output")
-        if not isinstance(output, list) or (not output and self._output_items):
-            # A terminal event may omit the output; the finished items hold it.
-            output = [self._output_items[index] for index in sorted(self._output_items)]
-        self.succeeded = True
-        self.output = [item for item in output if isinstance(item, dict)]
-        self.on_finished(response, self.output, size)
-
-    def _fail(self, code: str) -> None:
-        self.finished = True
-        self.failure = code
-        self.ended.set()
-        self.on_failed()
 
 
 def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
@@ -260,17 +221,6 @@ def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
     if isinstance(event.get("sequence_number"), int):
         nested["sequence_number"] = event["sequence_number"]
     return nested
-
-
-def _failure_code(event: dict[str, Any]) -> str:
-    """The code of an `error` event (nested envelope) or of a failed response's error."""
-    if event.get("type") == "error":
-        error = event.get("error")
-    else:
-        response = event.get("response")
-        error = response.get("error") if isinstance(response, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else "response_failed"
 
 
 def _text(value: Any) -> str | None:

@@ -1,12 +1,19 @@
-"""Large client frames parsed in a worker process, so the event loop serves other sockets.
+"""Large client frames and request bodies parsed in a helper process, so the event loop serves
+other sockets.
 
 Decoding JSON holds the interpreter for its whole length (about 16 ms per MiB of tiny items):
 one large frame would stall every socket of the worker. A frame of `OFF_LOOP_BYTES` or more is
 parsed and validated in a helper process instead (a few shared by the whole server process,
-started on first use, ending with it). Its input items come back encoded only, one
-bytes object cheap to hand over, and are decoded here again only if something asks for them as
-objects (a cache-aware handler's `Turn.history()`, a renderer). Smaller frames, and every frame
-when no helper can run, are parsed in place.
+started on first use, ending with it); stateful HTTP sends its large request bodies the same
+way (`in_helper`). A create's input items come back encoded only, one bytes object cheap to
+hand over, and are decoded here again only if something asks for them as objects (a
+cache-aware handler's `Turn.history()`, a renderer). Smaller frames are parsed in place.
+
+The helpers are spoken to from the pool's own few threads, never the event loop's default
+executor (which name lookups for Redis and upstreams need). A helper that dies (an OOM kill) is
+replaced, and the request it held is retried once in another helper; a request that kills two
+answers an error. Only when helpers fail to start `MAX_FAILURES` times in a row are large
+frames parsed in place, for `RETRY_SECONDS`, before helpers are tried again.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ import pickle
 import subprocess
 import sys
 import threading
-from typing import IO, Any
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, TypeVar
 
 import orjson
 
@@ -34,28 +44,77 @@ from .client_events import (
 )
 from .logs import for_log
 
-__all__ = ["OFF_LOOP_BYTES", "held_cost", "parse_frame"]
+__all__ = [
+    "OFF_LOOP_BYTES",
+    "HelperDied",
+    "HelperUnavailable",
+    "held_cost",
+    "in_helper",
+    "parse_frame",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Frames this long or longer are parsed in a helper process.
+#: Frames (and stateful HTTP bodies) this long or longer are parsed in a helper process.
 OFF_LOOP_BYTES = 1 << 20
-#: Helper processes at most (each parses one frame at a time).
+#: Helper processes at most (each parses one frame at a time), and the pool's threads.
 WORKERS = min(2, os.cpu_count() or 1)
+#: Helpers failing to start this many times in a row pause the pool (a helper that dies is
+#: replaced: an OOM kill says nothing about the next one).
+MAX_FAILURES = 3
+#: How long a paused pool leaves large frames to be parsed in place before trying again.
+RETRY_SECONDS = 30.0
 
 ClientEvent = CreateEvent | SteerEvent | ProcessedEvent
+T = TypeVar("T")
+R = TypeVar("R")
 
 # What a helper process runs.
 _HELPER = "import sys; from ws_mode.frames import serve; serve(sys.stdin.buffer, sys.stdout.buffer)"
 
 
+class HelperUnavailable(Exception):
+    """No helper can run now: do the work in place."""
+
+
+class HelperDied(Exception):
+    """The helpers given this request died twice: it is answered with an error, not retried."""
+
+
+async def in_helper(function: Callable[[T], R], argument: T) -> R:
+    """`function(argument)` in a helper process (`function` defined at a module's top level,
+    its argument and result picklable). Raises what it raises when that is a `ProtocolError`,
+    `HelperUnavailable` when no helper can run it now (do it in place), and `HelperDied` when
+    the helpers given it died twice."""
+    if not _POOL.available():
+        raise HelperUnavailable
+    loop = asyncio.get_running_loop()
+    kind, value = await loop.run_in_executor(_POOL.executor(), _POOL.run, function, argument)
+    if kind == "value":
+        result: R = value
+        return result
+    if kind == "refused":
+        raise value
+    logger.error("work in a helper process failed: %s", for_log(value))
+    raise HelperUnavailable
+
+
 async def parse_frame(text: str) -> ClientEvent:
     """Parse and validate one text frame (`parse_client_event`), off the event loop when it
     is large; raise `ProtocolError` when it is not acceptable."""
-    if len(text) >= OFF_LOOP_BYTES and not _POOL.failed:
-        event = await asyncio.to_thread(_POOL.parse, text)
-        if event is not None:
-            return event
+    if len(text) >= OFF_LOOP_BYTES:
+        try:
+            return await in_helper(_parse_encoded, text)
+        except HelperDied:
+            raise ProtocolError(
+                "The message could not be parsed: the process parsing it ended, twice (it may "
+                "need more memory than the server has). It was not run.",
+                code="server_error",
+                status=500,
+                type="server_error",
+            ) from None
+        except HelperUnavailable:
+            pass
     return parse_client_event(text)
 
 
@@ -87,8 +146,8 @@ class _Helper:
         self._to: IO[bytes] = self.process.stdin  # type: ignore[assignment]
         self._from: IO[bytes] = self.process.stdout  # type: ignore[assignment]
 
-    def request(self, text: str) -> tuple[str, Any]:
-        _write(self._to, text.encode("utf-8", "surrogatepass"))
+    def request(self, request: bytes) -> tuple[str, Any]:
+        _write(self._to, request)
         answer: tuple[str, Any] = pickle.loads(_read(self._from))
         return answer
 
@@ -99,55 +158,88 @@ class _Helper:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        with contextlib.suppress(Exception):
+            self._from.close()
 
 
 class _Pool:
-    """The helpers of this process, shared by every event loop and thread in it."""
+    """The helpers of this process, shared by every event loop and thread in it, and the
+    threads that speak to them."""
 
     def __init__(self) -> None:
-        self.failed = False
         self._lock = threading.Lock()
-        self._slots = threading.Semaphore(WORKERS)
         self._idle: list[_Helper] = []
         self._all: list[_Helper] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._failures = 0  # in a row
+        self._paused_until = 0.0
 
-    def parse(self, text: str) -> ClientEvent | None:
-        """Parse in a helper (in a thread of the event loop's executor); None when no helper
-        could, and the frame is to be parsed in place."""
-        with self._slots:
+    def available(self) -> bool:
+        """Whether helpers may be used (not paused after failing to start again and again)."""
+        return time.monotonic() >= self._paused_until
+
+    def executor(self) -> ThreadPoolExecutor:
+        """The pool's own threads (the event loop's default executor is left to others)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="ws_mode-helpers")
+            return self._executor
+
+    def pids(self) -> list[int]:
+        """The helper processes' ids (for tests and operators)."""
+        with self._lock:
+            return [helper.process.pid for helper in self._all]
+
+    def run(self, function: Callable[[Any], Any], argument: Any) -> tuple[str, Any]:
+        """In one of the pool's threads: the answer of a helper, in another one once when
+        the first dies with the request."""
+        request = pickle.dumps((function, argument), protocol=pickle.HIGHEST_PROTOCOL)
+        for _ in range(2):
+            helper = self._take()
             try:
-                helper = self._take()
-            except OSError:
-                self._fail("no frame parser process can start")
-                return None
-            try:
-                kind, value = helper.request(text)
-            except Exception:
+                answer = helper.request(request)
+            except Exception as exc:
                 self._discard(helper)
-                self._fail("a frame parser process died")
-                return None
+                logger.warning("a helper process died (%r); it is replaced", exc)
+                continue
             with self._lock:
                 self._idle.append(helper)
-        if kind == "event":
-            event: ClientEvent = value
-            return event
-        if kind == "refused":
-            raise value
-        logger.error("parsing a frame in a helper process failed: %s", for_log(value))
-        return None
+            return answer
+        raise HelperDied
 
     def stop(self) -> None:
         with self._lock:
             helpers, self._all, self._idle = self._all, [], []
+            executor, self._executor = self._executor, None
         for helper in helpers:
             helper.stop()
+        if executor is not None:
+            executor.shutdown(wait=False)
 
     def _take(self) -> _Helper:
+        dead: list[_Helper] = []
+        found: _Helper | None = None
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        helper = _Helper()
+            while self._idle and found is None:
+                candidate = self._idle.pop()
+                if candidate.process.poll() is None:
+                    found = candidate
+                else:
+                    dead.append(candidate)
+        for gone in dead:
+            self._discard(gone)
+            logger.warning(
+                "a helper process ended (status %s); it is replaced", gone.process.returncode
+            )
+        if found is not None:
+            return found
+        try:
+            helper = _Helper()
+        except OSError as exc:
+            self._start_failed(f"no helper process can start ({exc!r})")
+            raise HelperUnavailable from exc
         with self._lock:
+            self._failures = 0
             self._all.append(helper)
         return helper
 
@@ -157,9 +249,23 @@ class _Pool:
                 self._all.remove(helper)
         helper.stop()
 
-    def _fail(self, reason: str) -> None:
-        logger.warning("%s; large frames are parsed on the event loop from now on", reason)
-        self.failed = True
+    def _start_failed(self, reason: str) -> None:
+        with self._lock:
+            self._failures += 1
+            pause = self._failures >= MAX_FAILURES
+            if pause:
+                self._failures = 0
+                self._paused_until = time.monotonic() + RETRY_SECONDS
+        if pause:
+            logger.warning(
+                "%s; helpers failed %d times in a row: large frames are parsed on the event "
+                "loop for %.0f s, then helpers are tried again",
+                reason,
+                MAX_FAILURES,
+                RETRY_SECONDS,
+            )
+        else:
+            logger.warning("%s", reason)
 
 
 _POOL = _Pool()
@@ -184,15 +290,17 @@ def _read(stream: IO[bytes]) -> bytes:
 
 
 def serve(source: IO[bytes], sink: IO[bytes]) -> None:
-    """A helper process's loop: parse each frame it is given until its input ends."""
+    """A helper process's loop: run each request it is given until its input ends."""
     while True:
         try:
-            text = _read(source).decode("utf-8", "surrogatepass")
+            request = _read(source)
         except EOFError:
             return
         answer: tuple[str, Any]
         try:
-            answer = ("event", _parse_encoded(text))
+            function, argument = pickle.loads(request)
+            del request  # a large request is not held twice while it is worked on
+            answer = ("value", function(argument))
         except ProtocolError as refusal:
             answer = ("refused", refusal.with_traceback(None))
         except Exception as exc:

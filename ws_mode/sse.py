@@ -2,16 +2,22 @@
 
 It follows the WHATWG event-stream parsing rules (lines end in CRLF, LF or CR; `data` lines
 join with LF; a blank line dispatches; `:` starts a comment), accepts the body in chunks cut
-anywhere, and hands each event out as soon as its blank line arrives.
+anywhere, and hands each event out as soon as its blank line arrives. `SSEBlocks` applies the
+same rules while keeping the bytes, for a middleware that passes a stream on as it came
+(stateful HTTP) and rewrites only some events' data (`SSEBlock.with_data`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
-__all__ = ["SSEDecoder", "SSEEvent", "encode_sse"]
+__all__ = ["SSEBlock", "SSEBlocks", "SSEDecoder", "SSEEvent", "encode_sse"]
+
+_BOM = b"\xef\xbb\xbf"
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def encode_sse(event: dict[str, Any]) -> bytes:
@@ -76,12 +82,12 @@ class SSEDecoder:
                 chunk = chunk[1:]
         if not self._started:
             buffered = self._buffer + chunk
-            if len(buffered) < 3 and b"\xef\xbb\xbf".startswith(buffered):
+            if len(buffered) < 3 and _BOM.startswith(buffered):
                 self._buffer = buffered
                 return []
             self._started = True
             self._buffer = b""
-            chunk = buffered[3:] if buffered.startswith(b"\xef\xbb\xbf") else buffered
+            chunk = buffered[3:] if buffered.startswith(_BOM) else buffered
         if b"\r" in chunk:
             # A CR that ends the chunk may be the first half of a CRLF split across chunks.
             self._skip_lf = chunk.endswith(b"\r")
@@ -143,3 +149,111 @@ class SSEDecoder:
         elif name == b"event":
             self._event = value.decode("utf-8", "replace") or None
         # `id`, `retry`, comments (empty name) and unknown fields carry nothing we forward.
+
+
+class SSEBlock:
+    """A stretch of an event stream exactly as it arrived (`lines`, each with its line end):
+    an event's lines through the blank line that dispatched it (`event`), or lines that
+    dispatch nothing (comments, blank lines, an event without data; `event` None)."""
+
+    __slots__ = ("event", "lines")
+
+    def __init__(self, lines: list[bytes], event: SSEEvent | None) -> None:
+        self.lines = lines
+        self.event = event
+
+    @property
+    def raw(self) -> bytes:
+        """The block's bytes."""
+        return b"".join(self.lines)
+
+    def with_data(self, data: bytes) -> bytes:
+        """The block with its `data` lines replaced by `data` (one `data:` line per line of
+        it, where the first one was, with that line's end); every other line as it was."""
+        out: list[bytes] = []
+        replaced = False
+        for line in self.lines:
+            content = line.rstrip(b"\r\n")
+            if content.partition(b":")[0] != b"data":
+                out.append(line)
+            elif not replaced:
+                end = line[len(content) :]
+                out.extend(b"data: " + part + end for part in data.split(b"\n"))
+                replaced = True
+        return b"".join(out)
+
+
+class SSEBlocks:
+    """The decoder's rules, keeping the bytes: `feed` cuts a body into `SSEBlock`s whose bytes,
+    with `rest()` at the end, are the body. An event's lines are held until its blank line;
+    lines before an event's first field (comments: heartbeats) are handed out at once."""
+
+    __slots__ = ("_block", "_decoder", "_line", "_skip_lf", "_started")
+
+    def __init__(self) -> None:
+        self._decoder = SSEDecoder()
+        self._block: list[bytes] = []  # the lines of the event being read
+        self._line = b""  # the start of a line whose end has not arrived
+        self._skip_lf = False
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[SSEBlock]:
+        """The blocks this chunk of the body completed, in order."""
+        if (
+            self._started
+            and not self._block
+            and not self._line
+            and not self._skip_lf
+            and chunk[-2:] == b"\n\n"
+            and b"\r" not in chunk
+        ):
+            # Whole events with LF line ends, as servers flush them: cut at the blank lines
+            # (each piece holds at most one event) and let the decoder read each whole.
+            decoder = self._decoder
+            pieces = []
+            for piece in chunk[:-2].split(b"\n\n"):
+                found = decoder._whole_events(piece + b"\n\n")
+                pieces.append(SSEBlock([piece + b"\n\n"], found[0] if found else None))
+            return pieces
+        blocks: list[SSEBlock] = []
+        if self._skip_lf and chunk:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                # The LF of a CRLF cut between chunks ends the line already taken.
+                if self._block:
+                    self._block[-1] += b"\n"
+                else:
+                    blocks.append(SSEBlock([b"\n"], None))
+                chunk = chunk[1:]
+        buffer = self._line + chunk if self._line else chunk
+        if not self._started and buffer:
+            if len(buffer) < 3 and _BOM.startswith(buffer):
+                self._line = buffer
+                return blocks
+            self._started = True
+            if buffer.startswith(_BOM):
+                blocks.append(SSEBlock([_BOM], None))
+                buffer = buffer[3:]
+        start = 0
+        for end in _LINE_END.finditer(buffer):
+            line, content = buffer[start : end.end()], buffer[start : end.start()]
+            start = end.end()
+            if not self._block and (not content or content[:1] == b":"):
+                blocks.append(SSEBlock([line], None))  # nothing held back: it passes at once
+                continue
+            self._block.append(line)
+            events: list[SSEEvent] = []
+            self._decoder._lines([content], events)
+            if not content:
+                blocks.append(SSEBlock(self._block, events[0] if events else None))
+                self._block = []
+        self._line = buffer[start:]
+        self._skip_lf = start == len(buffer) and buffer.endswith(b"\r")
+        return blocks
+
+    def rest(self) -> bytes:
+        """What the body ended with that completed no block (an event with no blank line
+        after it dispatches nothing)."""
+        rest = b"".join(self._block) + self._line
+        self._block, self._line = [], b""
+        return rest

@@ -5,8 +5,10 @@ HTTP Responses API in front of a stateless handler, with the same store the sock
 
 - `POST {path}` with `previous_response_id`: the stored conversation is put in front of the
   new input, so the handler gets the whole context, exactly as over the socket; the response
-  echoes `previous_response_id`. Every finished response whose request allows storing
-  (`store` is true by default) is stored, with or without a parent.
+  objects echo `previous_response_id`, and every other byte of the answer passes as the
+  handler wrote it. Events are read by the tap the socket uses (`ResponseTap`). Every
+  finished response whose request allows storing (`store` is true by default) is stored,
+  with or without a parent. A large body is parsed off the event loop, as a large frame is.
 - `GET {path}/{id}` answers the stored response object; `DELETE {path}/{id}` forgets it.
 
 Every request runs the `authenticate` hook, and responses are scoped as over the socket: by
@@ -17,8 +19,9 @@ Everything else reaches the app untouched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -26,14 +29,16 @@ import orjson
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
 from .client_events import text_input
+from .frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from .handler_call import replay_body
 from .items import encode_items
 from .logs import for_log
 from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
-from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer, quoted_id
+from .protocol import TERMINAL_EVENT_BY_STATUS, error_body, json_answer, quoted_id
 from .settings import Settings
-from .sse import SSEDecoder, encode_sse
+from .sse import SSEBlock, SSEBlocks
 from .store import ResponseStore, StoredResponse
+from .tap import ResponseTap
 
 __all__ = ["StatefulHTTP"]
 
@@ -105,12 +110,15 @@ class StatefulHTTP:
             await _answer(send, 413, "request_too_large", message)
             return
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        if not isinstance(body, dict):
+            parsed = await _parse(raw)
+        except HelperDied:
+            message = "The request could not be parsed: the process parsing it ended, twice."
+            await _answer(send, 500, "server_error", message)
+            return
+        if parsed is None:
             await self.settings.app(scope, replay_body(raw, receive), send)  # the app's to refuse
             return
+        body, new_items = parsed  # every field but `input`; the input as items, encoded
         parent_id = body.get("previous_response_id")
         chain: list[StoredResponse] = []
         if isinstance(parent_id, str):
@@ -127,29 +135,25 @@ class StatefulHTTP:
                 )
                 return
             chain = found
-        new_input = body.get("input")
-        items = text_input(new_input) if isinstance(new_input, str) else new_input
-        items = items if isinstance(items, list) else []
-        request = _full_request(body, chain, items)
+        request = _full_request(body, chain, new_items) if chain else raw
         writes: list[asyncio.Task[None]] = []
 
-        def finished(response: dict[str, Any]) -> None:
+        def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
             # Written as the terminal event goes out, so a continuation finds it at once.
             if body.get("store") is False:
                 return
-            outputs = [item for item in response.get("output") or [] if isinstance(item, dict)]
             record = StoredResponse(
                 id=response["id"],
                 parent_id=chain[-1].id if chain else None,
                 chain_id=chain[0].chain_id if chain else response["id"],
-                input=encode_items(items),
-                output=encode_items(outputs),
+                input=new_items,
+                output=encode_items(output),
                 response=orjson.dumps(response),
             )
             writes.append(asyncio.create_task(keep(self.store, self.settings.stats, owner, record)))
 
         watcher = _Watcher(send, parent_id if chain else None, finished)
-        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
+        headers = _without_length(scope.get("headers", ()))
         headers.append((b"content-length", str(len(request)).encode()))
         await self.settings.app(
             {**scope, "headers": headers}, replay_body(request, receive), watcher
@@ -159,16 +163,26 @@ class StatefulHTTP:
 
 
 class _Watcher:
-    """Passes the handler's answer on, with `previous_response_id` echoed in its response
-    objects, and keeps the finished response."""
+    """Passes the handler's answer on as it came, except the response objects, which echo
+    `previous_response_id` (the tap decides which events carry one); keeps the finished
+    response (`finished(response, output)`).
+
+    An SSE answer passes through block by block (`SSEBlocks`): comments, `id:` and `retry:`
+    lines, other events and line ends stay as the handler wrote them; only an event whose
+    response object the echo changes gets its data re-encoded (on one `data:` line). A JSON
+    answer is re-encoded only when the echo changes it.
+    """
 
     def __init__(
-        self, send: Send, parent_id: str | None, finished: Callable[[dict[str, Any]], None]
+        self,
+        send: Send,
+        parent_id: str | None,
+        finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
     ) -> None:
         self._send = send
-        self._parent_id = parent_id
+        self._tap = ResponseTap(parent_id)
         self._finished = finished
-        self._decoder: SSEDecoder | None = None
+        self._blocks: SSEBlocks | None = None
         self._json: list[bytes] | None = None
         self._start: Message | None = None
 
@@ -179,67 +193,103 @@ class _Watcher:
                 if name.lower() == b"content-type":
                     kind = value.lower()
             if message["status"] < 300 and kind.startswith(b"text/event-stream"):
-                self._decoder = SSEDecoder()
+                self._blocks = SSEBlocks()
+                # An echo may change the stream's length.
+                message = {**message, "headers": _without_length(message.get("headers", ()))}
             elif message["status"] < 300 and kind.startswith(b"application/json"):
                 self._json, self._start = [], message
-                return  # sent with the body, whose length changes
+                return  # sent with the body, whose length may change
             await self._send(message)
         elif message["type"] == "http.response.body" and self._json is not None:
             self._json.append(message.get("body", b""))
             if not message.get("more_body", False):
                 await self._send_json(b"".join(self._json))
-        elif message["type"] == "http.response.body" and self._decoder is not None:
-            out = [
-                self._event(kind, data)
-                for kind, data in self._decoder.feed(message.get("body", b""))
-            ]
+        elif message["type"] == "http.response.body" and self._blocks is not None:
             more = message.get("more_body", False)
-            await self._send(
-                {"type": "http.response.body", "body": b"".join(out), "more_body": more}
-            )
+            out = [self._block(block) for block in self._blocks.feed(message.get("body", b""))]
+            if not more:
+                out.append(self._blocks.rest())
+            body = b"".join(out)
+            if body or not more:
+                await self._send({"type": "http.response.body", "body": body, "more_body": more})
         else:
             await self._send(message)
 
-    def _event(self, kind: str | None, data: bytes) -> bytes:
-        if kind not in RESPONSE_EVENTS:
-            prefix = b"event: " + kind.encode() + b"\n" if kind else b""
-            return prefix + b"data: " + data + b"\n\n"
-        event = orjson.loads(data)
-        response = event.get("response") if isinstance(event, dict) else None
-        if not isinstance(response, dict):
-            return b"event: " + (kind or "").encode() + b"\ndata: " + data + b"\n\n"
-        response["previous_response_id"] = self._parent_id
-        if kind in SUCCESS_EVENTS and isinstance(response.get("id"), str):
-            self._finished(response)
-        return encode_sse(event)
+    def _block(self, block: SSEBlock) -> bytes:
+        if block.event is None or self._tap.finished:
+            return block.raw
+        event = self._tap.decode(*block.event)
+        if event is None:
+            return block.raw  # not JSON: the client's to judge, as without ws_mode
+        changed = self._see(event)
+        return block.with_data(orjson.dumps(event)) if changed else block.raw
+
+    def _see(self, event: dict[str, Any]) -> bool:
+        tap = self._tap
+        changed = tap.see(event)
+        if tap.response is not None and tap.output is not None:
+            self._finished(tap.response, tap.output)
+        return changed
 
     async def _send_json(self, body: bytes) -> None:
-        assert self._start is not None
+        start = self._start
+        assert start is not None
         try:
             response = orjson.loads(body)
         except orjson.JSONDecodeError:
             response = None
         if isinstance(response, dict) and isinstance(response.get("id"), str):
-            response["previous_response_id"] = self._parent_id
-            if response.get("status", "completed") in ("completed", "incomplete"):
-                self._finished(response)
-            body = orjson.dumps(response)
-        await _json(self._send, self._start["status"], body)
+            # The event an SSE stream would have ended with (or one that only echoes).
+            status = response.get("status") or "completed"
+            kind = TERMINAL_EVENT_BY_STATUS.get(status, "response.in_progress")
+            if self._see({"type": kind, "response": response}):
+                body = orjson.dumps(response)
+                headers = _without_length(start.get("headers", ()))
+                headers.append((b"content-length", str(len(body)).encode()))
+                start = {**start, "headers": headers}
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body})
 
 
-def _full_request(
-    body: dict[str, Any], chain: list[StoredResponse], items: list[dict[str, Any]]
-) -> bytes:
+def _without_length(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(name, value) for name, value in headers if name.lower() != b"content-length"]
+
+
+def _parse_request(raw: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """A request body's fields but `input`, and its input as items, encoded (a string is one
+    user message); None when it is no JSON object. Module-level: large bodies run it in a
+    helper process."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    new_input = body.pop("input", None)
+    items = text_input(new_input) if isinstance(new_input, str) else new_input
+    try:
+        return body, encode_items(items) if isinstance(items, list) else b""
+    except orjson.JSONEncodeError:
+        return None  # nested too deeply to splice: the app's to judge
+
+
+async def _parse(raw: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """`_parse_request`, off the event loop for a large body, as a large frame is."""
+    if len(raw) >= OFF_LOOP_BYTES:
+        with contextlib.suppress(HelperUnavailable):
+            return await in_helper(_parse_request, raw)
+    return _parse_request(raw)
+
+
+def _full_request(body: dict[str, Any], chain: list[StoredResponse], new_items: bytes) -> bytes:
     """The handler's request: the body without `previous_response_id`, its input the stored
-    conversation's items, then the new ones."""
-    if not chain:
-        return orjson.dumps(body)
-    fields = {k: v for k, v in body.items() if k not in ("previous_response_id", "input")}
+    conversation's items, then the new ones (spliced encoded, copied once)."""
+    fields = {k: v for k, v in body.items() if k != "previous_response_id"}
     parts = [part for record in chain for part in (record.input, record.output) if part]
-    if items:
-        parts.append(encode_items(items))
+    if new_items:
+        parts.append(new_items)
     head = orjson.dumps(fields)[:-1]
-    return head + (b"," if fields else b"") + b'"input":[' + b",".join(parts) + b"]}"
+    return b"".join((head, b"," if fields else b"", b'"input":[', b",".join(parts), b"]}"))
 
 
 async def _body(receive: Receive, limit: int) -> bytes | None:
