@@ -311,7 +311,12 @@ class Connection:
         self.turns.principal = principal
         store = self.settings.store
         if store is not None:
-            self.turns.store = StoreLink(store, self.stats, store_scope(principal, self.scope))
+            self.turns.store = StoreLink(
+                store,
+                self.stats,
+                store_scope(principal, self.scope),
+                wait_seconds=self.limits.store_wait_seconds,
+            )
 
     async def _check_credentials(self) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed; a refused

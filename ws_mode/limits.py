@@ -28,6 +28,11 @@ class Limits:
     connection with no client frame and no turn running for `max_idle_seconds` is closed
     (None: never), which also frees what a vanished peer held;
     `shutdown_grace_seconds` is how long running turns may finish when the server drains.
+    With a store (`store=`): `max_stored_bytes_per_principal` bounds the bytes one principal
+    keeps in it (past it, that principal's least recently written conversations are dropped;
+    a single conversation larger than the bound is not stored; None: no bound), and a
+    continuation whose parent is not stored yet waits up to `store_wait_seconds` for its
+    write to land (a response finished on another worker a moment ago).
     """
 
     max_connections: int = 1000
@@ -44,6 +49,8 @@ class Limits:
     max_send_stall_seconds: float = 60.0
     max_idle_seconds: float | None = 900.0
     shutdown_grace_seconds: float = 30.0
+    max_stored_bytes_per_principal: int | None = 1024 * MiB
+    store_wait_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -56,4 +63,11 @@ class Limits:
                 raise ConfigError(f"Limits.{field.name} must be an integer, got {value!r}.")
 
 
-_OPTIONAL = frozenset({"max_turn_seconds", "max_idle_seconds", "max_connections_per_client"})
+_OPTIONAL = frozenset(
+    {
+        "max_turn_seconds",
+        "max_idle_seconds",
+        "max_connections_per_client",
+        "max_stored_bytes_per_principal",
+    }
+)

@@ -24,10 +24,17 @@ import orjson
 
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
-from .client_events import text_input
+from .client_events import may_store, store_problem, text_input
 from .handler_call import replay_body
 from .items import encode_items
-from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
+from .persistence import (
+    HYDRATE_SECONDS,
+    StoreUnavailable,
+    load_chain,
+    read_one,
+    start_write,
+    store_scope,
+)
 from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer
 from .settings import Settings
 from .sse import SSEDecoder, encode_sse
@@ -76,7 +83,7 @@ class StatefulHTTP:
                     found = await self.store.delete(owner, response_id)
                     record = None
                 else:
-                    record = (await self.store.get_chain(owner, response_id)).get(response_id)
+                    record = await read_one(self.store, owner, response_id)
                     found = record is not None
         except Exception as exc:
             logger.warning("the store failed to answer for %s: %r", response_id, exc)
@@ -104,11 +111,21 @@ class StatefulHTTP:
         if not isinstance(body, dict):
             await self.settings.app(scope, replay_body(raw, receive), send)  # the app's to refuse
             return
+        problem = store_problem(body.get("store"))
+        if problem is not None:
+            await _answer(send, 400, "invalid_type", problem, param="store")
+            return
         parent_id = body.get("previous_response_id")
         chain: list[StoredResponse] = []
         if isinstance(parent_id, str):
             try:
-                found = await load_chain(self.store, self.settings.stats, owner, parent_id)
+                found = await load_chain(
+                    self.store,
+                    self.settings.stats,
+                    owner,
+                    parent_id,
+                    wait=self.settings.limits.store_wait_seconds,
+                )
             except StoreUnavailable:
                 message = "The response store is unavailable."
                 await _answer(send, 503, "store_unavailable", message, param="previous_response_id")
@@ -128,7 +145,7 @@ class StatefulHTTP:
 
         def finished(response: dict[str, Any]) -> None:
             # Written as the terminal event goes out, so a continuation finds it at once.
-            if body.get("store") is False:
+            if not may_store(body.get("store"), response):
                 return
             outputs = [item for item in response.get("output") or [] if isinstance(item, dict)]
             record = StoredResponse(
@@ -139,7 +156,7 @@ class StatefulHTTP:
                 output=encode_items(outputs),
                 response=orjson.dumps(response),
             )
-            writes.append(asyncio.create_task(keep(self.store, self.settings.stats, owner, record)))
+            writes.append(start_write(self.store, self.settings.stats, owner, record))
 
         watcher = _Watcher(send, parent_id if chain else None, finished)
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
@@ -148,7 +165,9 @@ class StatefulHTTP:
             {**scope, "headers": headers}, replay_body(request, receive), watcher
         )
         if writes:
-            await asyncio.gather(*writes)
+            # The answer's end waits for the write, so a continuation finds it at once; the
+            # write is the process's, and this request ending early never cancels it.
+            await asyncio.wait(writes)
 
 
 class _Watcher:
