@@ -48,9 +48,10 @@ HYDRATE_SECONDS = 5.0
 #: The longest a write may take (off every client's path), and so the longest a drain waits
 #: for the writes under way.
 WRITE_SECONDS = 15.0
-#: The first pause before a missing response is looked up again; each pause doubles, up to
+#: The pause before a missing response is looked up once more (a write's marker may be on
+#: its way); while a write is known to be under way, each pause doubles, up to
 #: `POLL_MAX_SECONDS`, until `Limits.store_wait_seconds` have passed.
-POLL_SECONDS = 0.01
+POLL_SECONDS = 0.05
 POLL_MAX_SECONDS = 0.25
 #: How many ids a connection remembers as stored (written or hydrated), so that a response
 #: is written with the ancestors that never were (warm-ups) and no others.
@@ -96,18 +97,25 @@ async def load_chain(
             records = await _ancestors(store, owner, response_id)
             deadline = loop.time() + wait
             pause = POLL_SECONDS
+            looked_again = False
             while not records and loop.time() < deadline:
-                local = [
+                here = [
                     task
-                    for task, (whose, ids) in _writes.items()
-                    if whose == owner and response_id in ids and task.get_loop() is loop
+                    for task, (whose, ids) in list(_writes.items())
+                    if whose == owner and response_id in ids
                 ]
+                # Looked up once more a moment later (a marker may be on its way), then only
+                # while a write is known to be under way: a genuine miss waits no longer.
+                if looked_again and not here and not await _pending(store, owner, response_id):
+                    break
                 left = deadline - loop.time()
-                if local:
-                    await asyncio.wait(local, timeout=left)
+                ours = [task for task in here if task.get_loop() is loop]
+                if ours:
+                    await asyncio.wait(ours, timeout=left)
                 else:
                     await asyncio.sleep(min(pause, left))
                     pause = min(pause * 2, POLL_MAX_SECONDS)
+                looked_again = True
                 records = await _ancestors(store, owner, response_id)
     except Exception as exc:
         stats.store_failures += 1
@@ -126,6 +134,16 @@ async def _ancestors(store: ResponseStore, owner: str, response_id: str) -> list
     return chain_of(await store.get_chain(owner, response_id), response_id) or []
 
 
+async def _pending(store: ResponseStore, owner: str, response_id: str) -> bool:
+    """Whether another process is writing `response_id` (its marker is set); a store that
+    cannot tell is polled for the whole wait."""
+    is_pending = getattr(store, "is_pending", None)
+    if is_pending is None:
+        return True
+    pending: bool = await is_pending(owner, response_id)
+    return pending
+
+
 async def read_one(store: ResponseStore, owner: str, response_id: str) -> StoredResponse | None:
     """One stored record (stateful HTTP's `GET`); stores without `get` are read whole."""
     get = getattr(store, "get", None)
@@ -140,8 +158,12 @@ async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredR
     within `WRITE_SECONDS`; a failure, a refusal or a cancellation is logged and counted
     (`store_failures`, `store_refused`), never raised, except the cancellation itself."""
     written = 0
+    mark_pending = getattr(store, "mark_pending", None)
     try:
         async with asyncio.timeout(WRITE_SECONDS):
+            if mark_pending is not None:
+                # A continuation on another worker that misses waits for these, and only these.
+                await mark_pending(owner, [record.id for record in records], WRITE_SECONDS)
             for record in records:
                 dropped = await store.put(owner, record)
                 written += 1

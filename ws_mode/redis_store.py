@@ -6,6 +6,7 @@ never the principal itself::
 
     {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
     {prefix}:{<principal digest>}:c:<chain id>     ->  a hash: response id -> record bytes
+    {prefix}:{<principal digest>}:p:<response id>  ->  "being written" (`mark_pending`)
 
 and, while a bound per principal is set (`limit_principal_bytes`, which the middleware sets
 from `Limits.max_stored_bytes_per_principal`), the principal's account::
@@ -357,6 +358,25 @@ class RedisStore:
             )
         )
         return StoredResponse.decode(reply) if reply else None
+
+    def pending_key(self, principal: str, response_id: str) -> str:
+        """The key saying `principal`'s response `response_id` is being written."""
+        return f"{self._scope(principal)}p:{response_id}"
+
+    async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
+        """Mark responses as being written for `seconds` (one round trip), so a continuation
+        on another worker that misses them waits for their write, and a genuine miss does
+        not wait."""
+        ms = max(1, round(seconds * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        for response_id in response_ids:
+            pipe.set(self.pending_key(principal, response_id), b"1", px=ms)
+        await self._bounded(pipe.execute(), self.write_timeout)
+
+    async def is_pending(self, principal: str, response_id: str) -> bool:
+        """Whether `response_id` is being written."""
+        found = await self._bounded(self.client.exists(self.pending_key(principal, response_id)))
+        return bool(found)
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response (the rest of its chain stays); whether it was stored."""

@@ -88,10 +88,12 @@ class ResponseStore(Protocol):
     principal is never returned, and reads as not found. Implementations bound every call by
     a timeout and raise on failure; the middleware turns failures into error events.
 
-    `put`, `get_chain` and `delete` are required. The middleware uses `get_ancestors`, `get`
-    and `limit_principal_bytes` when a store has them (both stores here do), and otherwise
-    falls back on `get_chain`, which reads the whole conversation, every fork included, and
-    says at startup that the store keeps no bound per principal.
+    `put`, `get_chain` and `delete` are required. The middleware uses `get_ancestors`, `get`,
+    `limit_principal_bytes`, `mark_pending` and `is_pending` when a store has them (both
+    stores here do; `MemoryStore`'s markers are no-ops, which a store in one process can
+    be), and otherwise falls back on `get_chain`, which reads the whole conversation, every
+    fork included; says at startup that the store keeps no bound per principal; and has a
+    miss wait the whole `Limits.store_wait_seconds`, since it cannot tell a write on its way.
     """
 
     async def put(self, principal: str, record: StoredResponse) -> int | None:
@@ -123,6 +125,13 @@ class ResponseStore(Protocol):
     def limit_principal_bytes(self, max_bytes: int | None) -> None:
         """Bound the bytes of records one principal keeps (None: no bound); the middleware
         passes `Limits.max_stored_bytes_per_principal`."""
+
+    async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
+        """Say, for `seconds`, that these responses are being written (called before `put`)."""
+
+    async def is_pending(self, principal: str, response_id: str) -> bool:
+        """Whether `response_id` is being written (`mark_pending`), so a miss waits for it."""
+        ...
 
     async def aclose(self) -> None:
         """Release connections."""
@@ -252,6 +261,14 @@ class MemoryStore:
     async def get(self, principal: str, response_id: str) -> StoredResponse | None:
         """One record, or None."""
         return self._live((principal, response_id))
+
+    async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
+        """Nothing to mark: see `is_pending`."""
+
+    async def is_pending(self, principal: str, response_id: str) -> bool:
+        """False: a write lands the moment it runs, and one under way in this process is
+        waited for by the hydration itself."""
+        return False
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response."""
