@@ -97,3 +97,24 @@ async def private_handler(scope: Scope, receive: Receive, send: Send) -> None:
     headers = [(b"content-type", kind)]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": answer})
+
+
+class ClosingStore:
+    """An ASGI wrapper that closes a store when the server shuts down, on the server's own
+    event loop (a Redis client's connections belong to the loop that opened them)."""
+
+    def __init__(self, app: Any, store: Any) -> None:
+        self.app = app
+        self.store = store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.store.aclose()
+            await send(message)
+
+        await self.app(scope, receive, closing_send)
