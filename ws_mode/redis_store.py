@@ -12,7 +12,7 @@ and, while a bound per principal is set (`limit_principal_bytes`, which the midd
 from `Limits.max_stored_bytes_per_principal`), the principal's account::
 
     {prefix}:{<principal digest>}:a:bytes          ->  the bytes of its records
-    {prefix}:{<principal digest>}:a:chains         ->  a sorted set: chain id -> last write (ms)
+    {prefix}:{<principal digest>}:a:chains         ->  a sorted set: chain id -> last write (µs)
     {prefix}:{<principal digest>}:a:chain_bytes    ->  a hash: chain id -> its bytes
 
 The digest is a Redis Cluster hash tag, so one principal's keys share a slot: the scripts
@@ -85,7 +85,8 @@ return redis.call('HGET', ARGV[1] .. chain, ARGV[2])
 """
 
 #: KEYS: the response's index key, its chain's hash, the principal's byte count, its chains
-#: by last write (a sorted set, scored in milliseconds), their bytes (a hash). ARGV: the chain
+#: by last write (a sorted set, scored in microseconds, strictly increasing), their bytes (a
+#: hash). ARGV: the chain
 #: id, the response id, the record, the time to live in milliseconds, the principal's bound
 #: in bytes (negative: none, and no account is kept), the principal's key prefix.
 #: Returns how many of the principal's chains were dropped for the bound (least recently
@@ -104,8 +105,10 @@ if bound < 0 then
 end
 local prefix = ARGV[6]
 local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-for _, chain in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - ttl)) do
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+if last and tonumber(last) >= now then now = tonumber(last) + 1 end
+for _, chain in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - ttl * 1000)) do
   if redis.call('EXISTS', prefix .. 'c:' .. chain) == 0 then
     redis.call('DECRBY', KEYS[3], tonumber(redis.call('HGET', KEYS[5], chain) or '0'))
     redis.call('HDEL', KEYS[5], chain)
