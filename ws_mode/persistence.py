@@ -57,9 +57,10 @@ POLL_MAX_SECONDS = 0.25
 #: is written with the ancestors that never were (warm-ups) and no others.
 STORED_REMEMBERED = 512
 
-#: The store writes under way in this process, every connection's and request's: a write
-#: outlives its socket. Keyed by (principal scope, response id) so a continuation on this
-#: worker can wait for its parent's write itself.
+#: The store writes under way in this process, every connection's and request's (a write
+#: outlives its socket), with the principal scope and the response ids each writes, so a
+#: continuation on this worker can wait for its parent's write itself. Event loops in other
+#: threads (tests, embedded servers) share it: it is read through snapshots (`list(...)`).
 _writes: dict[asyncio.Task[None], tuple[str, frozenset[str]]] = {}
 
 
@@ -209,14 +210,14 @@ def _writes_done(task: asyncio.Task[None]) -> None:
 def pending_writes() -> int:
     """How many store writes are under way on this event loop."""
     loop = asyncio.get_running_loop()
-    return sum(1 for task in _writes if task.get_loop() is loop)
+    return sum(1 for task in list(_writes) if task.get_loop() is loop)
 
 
 async def flush_writes(seconds: float = WRITE_SECONDS) -> None:
     """Wait for the store writes under way on this event loop (each ends within
     `WRITE_SECONDS` by itself), at most `seconds`."""
     loop = asyncio.get_running_loop()
-    tasks = [task for task in _writes if task.get_loop() is loop]
+    tasks = [task for task in list(_writes) if task.get_loop() is loop]
     if not tasks:
         return
     logger.info("waiting for %d store write(s) to land before shutting down", len(tasks))

@@ -3,7 +3,8 @@
 uvicorn closes every WebSocket (code 1012) as soon as it starts shutting down, before the
 application's lifespan shutdown runs, so the middleware cannot give running turns a grace
 period from there. `Server` drains the middlewares first: running turns finish (up to
-`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect.
+`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
+the store writes still under way land (each within its own timeout) before the process exits.
 """
 
 from __future__ import annotations
