@@ -23,10 +23,11 @@ from ws_mode.redis_store import RedisStore
 from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.stats import Stats
 from ws_mode.store import MemoryStore, StoredResponse
+from ws_mode.tools.clients import connect
 
 from .redis_server import RedisServer
 from .servers import serve
-from .store_kit import ClosingStore, answers, turn, wait_for, who
+from .store_kit import FIELDS, ClosingStore, answers, key, turn, wait_for, who
 
 CLIENTS = 20
 
@@ -239,3 +240,36 @@ def test_a_miss_waits_for_a_write_marked_in_redis_and_only_then(
     }
     assert calls.get("evalsha") == 2  # looked up, and once more
     assert calls.get("exists") == 1  # no write under way: no more waiting
+
+
+class FlakyStore(MemoryStore):
+    """A store that is down while `down` is set: its writes fail at once."""
+
+    down = False
+
+    async def put(self, principal: str, record: StoredResponse) -> int:
+        if self.down:
+            raise ConnectionError("the store is down")
+        return await super().put(principal, record)
+
+
+def test_a_response_whose_write_failed_is_written_with_the_next_one() -> None:
+    """The store is down for one turn: the next response of the conversation is written with
+    it, so the chain is whole again and continues on another worker."""
+    store = FlakyStore()
+    middleware = WebSocketModeMiddleware(reference(), store=store, authenticate=who)
+    with serve(middleware) as base_url:
+        with connect(base_url, headers=key("alice")) as socket:
+            store.down = True
+            socket.send({"type": "response.create", **FIELDS, "input": "First"})
+            first = socket.receive_turn(timeout=10)[-1]["response"]
+            assert wait_for(lambda: middleware.stats.store_failures == 1)
+            store.down = False
+            socket.send(
+                {"type": "response.create", **FIELDS, "input": answers(first),
+                 "previous_response_id": first["id"]}
+            )  # fmt: skip
+            second = socket.receive_turn(timeout=10)[-1]["response"]
+        assert wait_for(lambda: middleware.stats.store_writes == 2)
+        event = turn(base_url, input=answers(second), previous_response_id=second["id"])
+        assert event["type"] == "response.completed", event

@@ -61,7 +61,7 @@ STORED_REMEMBERED = 512
 #: outlives its socket), with the principal scope and the response ids each writes, so a
 #: continuation on this worker can wait for its parent's write itself. Event loops in other
 #: threads (tests, embedded servers) share it: it is read through snapshots (`list(...)`).
-_writes: dict[asyncio.Task[None], tuple[str, frozenset[str]]] = {}
+_writes: dict[asyncio.Task[bool], tuple[str, frozenset[str]]] = {}
 
 
 class StoreUnavailable(Exception):
@@ -154,10 +154,11 @@ async def read_one(store: ResponseStore, owner: str, response_id: str) -> Stored
     return (await store.get_chain(owner, response_id)).get(response_id)
 
 
-async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse) -> None:
+async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse) -> bool:
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
-    within `WRITE_SECONDS`; a failure, a refusal or a cancellation is logged and counted
-    (`store_failures`, `store_refused`), never raised, except the cancellation itself."""
+    within `WRITE_SECONDS`; whether all landed. A failure, a refusal or a cancellation is
+    logged and counted (`store_failures`, `store_refused`), never raised, except the
+    cancellation itself."""
     written = 0
     mark_pending = getattr(store, "mark_pending", None)
     try:
@@ -188,11 +189,12 @@ async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredR
         logger.warning("the store failed to keep %r: %r", records[-1].id, exc)
     finally:
         stats.store_writes += written
+    return written == len(records)
 
 
 def start_write(
     store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse
-) -> asyncio.Task[None]:
+) -> asyncio.Task[bool]:
     """Start writing `records` (`keep`) as work of the process: no connection or request
     cancels it; `flush_writes` waits for it."""
     task = asyncio.create_task(keep(store, stats, owner, *records))
@@ -201,7 +203,7 @@ def start_write(
     return task
 
 
-def _writes_done(task: asyncio.Task[None]) -> None:
+def _writes_done(task: asyncio.Task[bool]) -> None:
     _writes.pop(task, None)
     if not task.cancelled():
         task.exception()  # keep() raises nothing else: retrieved, never "never retrieved"
@@ -270,7 +272,7 @@ class StoreLink:
         self.stats.store_hydrations += 1
         return node
 
-    def write(self, node: CachedResponse) -> asyncio.Task[None] | None:
+    def write(self, node: CachedResponse) -> asyncio.Task[bool] | None:
         """Start writing a response the handler answered, when it may be stored, with those
         of its ancestors that were never written (warm-ups: the handler saw them only as part
         of this response's context), so the chain is whole in the store. The write is the
@@ -285,7 +287,18 @@ class StoreLink:
         for each in nodes:
             self._stored[each.id] = True
         records = [_record(each) for each in reversed(nodes)]
-        return start_write(self.store, self.stats, self.scope, *records)
+        task = start_write(self.store, self.stats, self.scope, *records)
+        ids = [each.id for each in nodes]
+
+        def landed(task: asyncio.Task[bool]) -> None:
+            if task.cancelled() or not task.result():
+                # Not (all) stored: the next response of the chain writes them again, so a
+                # store that was down a moment does not leave the chain broken.
+                for response_id in ids:
+                    self._stored.pop(response_id, None)
+
+        task.add_done_callback(landed)
+        return task
 
 
 def _record(node: CachedResponse) -> StoredResponse:

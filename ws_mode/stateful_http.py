@@ -141,7 +141,7 @@ class StatefulHTTP:
         items = text_input(new_input) if isinstance(new_input, str) else new_input
         items = items if isinstance(items, list) else []
         request = _full_request(body, chain, items)
-        writes: list[asyncio.Task[None]] = []
+        writes: list[asyncio.Task[bool]] = []
 
         def finished(response: dict[str, Any]) -> None:
             # Written as the terminal event goes out, so a continuation finds it at once.
