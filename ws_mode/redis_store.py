@@ -18,7 +18,10 @@ from `Limits.max_stored_bytes_per_principal`), the principal's account::
 The digest is a Redis Cluster hash tag, so one principal's keys share a slot: the scripts
 find a chain's hash from an index key, so they cannot declare it in KEYS, but on a cluster
 it is always on the node that runs them. Each call is one round trip, a Lua script
-(EVALSHA): a write updates the account in the same script, atomically. A hydration walks
+(EVALSHA): a write updates the account in the same script, atomically. The middleware marks
+a write's responses as being written (`mark_pending`, one pipelined round trip) before it
+writes them, so that a continuation on another worker waits for a write on its way and a
+genuine miss does not. A hydration walks
 the `parent_id` links inside Redis and returns the ancestors only, never the other forks.
 Every key expires `ttl_seconds` after it was last written; a chain's hash is written by
 every `put` to it, so an active conversation stays whole.
