@@ -16,7 +16,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ws_mode.redis_store import RedisStore
-from ws_mode.store import DEFAULT_TTL_SECONDS, MemoryStore, ResponseStore, StoredResponse, chain_of
+from ws_mode.store import (
+    DEFAULT_TTL_SECONDS,
+    MemoryStore,
+    QuotaExceeded,
+    ResponseStore,
+    StoredResponse,
+    chain_of,
+)
 
 from .redis_server import RedisServer, ping
 
@@ -196,7 +203,9 @@ async def test_each_call_is_one_script_call(store: RedisStore, raw: aioredis.Red
 
     await raw.config_resetstat()
     assert await store.delete(ALICE, "b") is True
-    assert await commands_run(raw) == {"evalsha": 1, "get": 1, "del": 1, "hdel": 1}
+    assert await commands_run(raw) == {
+        "evalsha": 1, "get": 1, "hstrlen": 1, "del": 1, "hdel": 1, "exists": 1,
+    }  # fmt: skip
 
     await raw.config_resetstat()
     await store.put(ALICE, record("c", a))
@@ -331,3 +340,50 @@ async def test_memory_and_redis_stores_answer_alike(any_store: ResponseStore) ->
     assert await store.delete(ALICE, "a") is True
     assert chain_of(await store.get_chain(ALICE, "d"), "d") is None
     assert await store.get_chain(BOB, "a") == {"a": record("a", digest=b"\x02")}
+
+
+# --- the bound per principal (Limits.max_stored_bytes_per_principal) ------------------------
+
+KiB = 1024
+
+
+def sized(id: str, parent: StoredResponse | None = None, size: int = 10 * KiB) -> StoredResponse:
+    return StoredResponse(
+        id=id,
+        parent_id=parent.id if parent else None,
+        chain_id=parent.chain_id if parent else id,
+        input=b'{"role":"user","content":"' + b"x" * size + b'"}',
+        output=b"",
+        response=b'{"id":"' + id.encode() + b'"}',
+    )
+
+
+async def test_past_the_bound_the_principals_oldest_conversations_go_first(
+    any_store: ResponseStore,
+) -> None:
+    store = any_store
+    store.limit_principal_bytes(35 * KiB)
+    a = sized("a")
+    await store.put("p", a)
+    b = sized("b")
+    await store.put("p", b)
+    await store.put("p", sized("a2", a))  # conversation a was written last
+    assert await store.put("q", sized("other", size=30 * KiB)) == 0  # its own bound
+    assert await store.put("p", sized("c")) == 1  # b, the least recently written, went
+    assert await store.get("p", "b") is None
+    assert [r.id for r in await store.get_ancestors("p", "a2")] == ["a", "a2"]
+    assert await store.get("q", "other") is not None
+    # A conversation that alone exceeds the bound is refused, and drops nothing.
+    with pytest.raises(QuotaExceeded):
+        await store.put("p", sized("huge", size=40 * KiB))
+    assert await store.get("p", "huge") is None
+    assert await store.get("p", "c") is not None
+    # Deleting gives the room back.
+    assert await store.delete("p", "a2")
+    assert await store.delete("p", "a")
+    assert await store.put("p", sized("d")) == 0
+    assert await store.put("p", sized("e")) == 0
+    # Rewriting a record counts it once.
+    for _ in range(5):
+        assert await store.put("p", sized("e")) == 0
+    assert await store.get("p", "c") is not None

@@ -243,6 +243,11 @@ class FailingStore(MemoryStore):
             await self._fail()
         return await super().get_chain(principal, response_id)
 
+    async def get_ancestors(self, principal: str, response_id: str) -> list[StoredResponse]:
+        if self.down:
+            await self._fail()
+        return await super().get_ancestors(principal, response_id)
+
 
 @pytest.mark.parametrize("hang", [False, True])
 def test_a_store_that_fails_gives_clear_errors_and_the_socket_goes_on(
@@ -278,9 +283,9 @@ def test_a_store_that_fails_gives_clear_errors_and_the_socket_goes_on(
 def test_hydration_costs_one_lookup_however_long_the_chain(workers: Workers) -> None:
     calls: list[str] = []
     store = workers.store
-    original = store.get_chain
+    original = store.get_ancestors
 
-    async def counted(principal: str, response_id: str) -> dict[str, StoredResponse]:
+    async def counted(principal: str, response_id: str) -> list[StoredResponse]:
         calls.append(response_id)
         return await original(principal, response_id)
 
@@ -291,11 +296,11 @@ def test_hydration_costs_one_lookup_however_long_the_chain(workers: Workers) -> 
             response = turn_over(a, input=new_input, previous_response_id=previous)["response"]
             previous = response["id"]
             new_input = answers(response) or [{"role": "user", "content": "Go on."}]
-    store.get_chain = counted
+    store.get_ancestors = counted
     try:
         with workers.socket(1) as b:
             event = turn_over(b, input=new_input, previous_response_id=previous)
     finally:
-        del store.get_chain
+        del store.get_ancestors
     assert event["type"] == "response.completed"
     assert calls == [previous]  # the whole 8-response chain in one call

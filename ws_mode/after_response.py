@@ -1,6 +1,7 @@
 """Work that follows a finished response and must not delay the next turn: rendering its
-output (with a `renderer`), the `on_response` hook, a store write, a handler still running
-after its terminal event. The connection gives it a grace period when it closes."""
+output (with a `renderer`), the `on_response` hook, a handler still running after its
+terminal event. The connection gives it a grace period when it closes. Store writes are not
+here: they belong to the process and outlive the connection (`ws_mode.persistence`)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,10 @@ __all__ = [
     "ProcessedEvent",
     "ProtocolError",
     "SteerEvent",
+    "may_store",
     "parse_client_event",
     "steer_input_problem",
+    "store_problem",
     "text_input",
 ]
 
@@ -225,6 +227,11 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         # validation error, which holds the whole frame.
         refusal.on_lane = True
         raise refusal
+    problem = store_problem(data.get("store"))
+    if problem is not None:
+        raise ProtocolError(
+            problem, code="invalid_type", param="store", stream_id=stream_id, on_lane=True
+        )
     if create.background:
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
@@ -311,6 +318,22 @@ def _json_type(value: object) -> str:
         dict: "an object",
         type(None): "null",
     }.get(type(value), "another value")
+
+
+def store_problem(value: Any) -> str | None:
+    """Why `value` is not a valid `store` field, or None: the API takes a boolean or null
+    (null and absent mean true); `0` or `"false"` are refused, never read as true. Both the
+    socket and stateful HTTP check a request's `store` here."""
+    if value is None or type(value) is bool:
+        return None
+    return f"Invalid type for 'store': expected a boolean, but got {_json_type(value)} instead."
+
+
+def may_store(requested: Any, response: Any) -> bool:
+    """Whether a finished response may be persisted: neither its request's `store` nor the
+    response object's own `store` is false."""
+    said = response.get("store") if isinstance(response, dict) else None
+    return requested is not False and said is not False
 
 
 def text_input(text: str) -> list[dict[str, Any]]:

@@ -95,7 +95,12 @@ class Connection:
         `owner` (`ws_mode.persistence.store_scope`); return when it is closed."""
         self.turns.principal, self._owner = principal, owner
         if self.settings.store is not None and owner is not None:
-            self.turns.store = StoreLink(self.settings.store, self.stats, owner)
+            self.turns.store = StoreLink(
+                self.settings.store,
+                self.stats,
+                owner,
+                wait_seconds=self.limits.store_wait_seconds,
+            )
         self._authenticated_at = asyncio.get_running_loop().time()
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:

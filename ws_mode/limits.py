@@ -36,6 +36,11 @@ class Limits:
     frames being parsed, queued creates, pending steering input, cached responses; every
     middleware of the process counts against one account): work that does not fit is refused
     (`memory_budget_exceeded`, 503) and, while it is exhausted, new sockets too (503).
+    With a store (`store=`): `max_stored_bytes_per_principal` bounds the bytes one principal
+    keeps in it (past it, that principal's least recently written conversations are dropped;
+    a single conversation larger than the bound is not stored; None: no bound), and a
+    continuation whose parent is not stored yet waits up to `store_wait_seconds` for its
+    write to land (a response finished on another worker a moment ago).
     """
 
     max_connections: int = 1000
@@ -55,6 +60,8 @@ class Limits:
     max_pending_steers: int = 16
     max_steer_bytes: int = 16 * MiB
     max_memory_bytes: int = 2048 * MiB
+    max_stored_bytes_per_principal: int | None = 1024 * MiB
+    store_wait_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -67,4 +74,11 @@ class Limits:
                 raise ConfigError(f"Limits.{field.name} must be an integer, got {value!r}.")
 
 
-_OPTIONAL = frozenset({"max_turn_seconds", "max_idle_seconds", "max_connections_per_client"})
+_OPTIONAL = frozenset(
+    {
+        "max_turn_seconds",
+        "max_idle_seconds",
+        "max_connections_per_client",
+        "max_stored_bytes_per_principal",
+    }
+)

@@ -23,7 +23,7 @@ from .connection import Connection
 from .errors import ConfigError
 from .limits import Limits
 from .origins import OriginPolicy
-from .persistence import store_scope
+from .persistence import flush_writes, store_scope
 from .protocol import MEMORY_BUDGET_EXCEEDED, error_body, json_answer, memory_budget_message
 from .settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
 from .stateful_http import StatefulHTTP
@@ -177,16 +177,22 @@ class WebSocketModeMiddleware:
         self.stats = self.settings.stats
         self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
         self.stats.budget = self.settings.budget
+        if store is not None:
+            _bound_store(store, limits)
 
     async def drain(self, grace: float | None = None) -> None:
         """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
         give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
-        then close every socket with 1001 so clients reconnect. Call it before the server
-        closes its connections (`ws_mode.server.Server` does, for uvicorn)."""
+        then close every socket with 1001 so clients reconnect; last, wait for the store
+        writes under way in this process to land (each ends within
+        `ws_mode.persistence.WRITE_SECONDS`). Call it before the server closes its
+        connections (`ws_mode.server.Server` does, for uvicorn); the lifespan shutdown calls
+        it too."""
         self._draining = True
         if grace is None:
             grace = self.settings.limits.shutdown_grace_seconds
         await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
+        await flush_writes()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -373,6 +379,21 @@ def _say_how_dead_peers_are_found(limits: Limits) -> None:
         "WebSocket mode connection until %s",
         f"Limits.max_idle_seconds ({idle:g} s) closes it" if idle is not None else "it ends",
     )
+
+
+def _bound_store(store: ResponseStore, limits: Limits) -> None:
+    """Pass `Limits.max_stored_bytes_per_principal` to the store; say so when it cannot
+    enforce it (a store of the application's own without `limit_principal_bytes`)."""
+    bound = limits.max_stored_bytes_per_principal
+    limit = getattr(store, "limit_principal_bytes", None)
+    if callable(limit):
+        limit(bound)
+    elif bound is not None:
+        logger.warning(
+            "%s has no limit_principal_bytes(): Limits.max_stored_bytes_per_principal is not "
+            "enforced, and one principal may fill the store",
+            type(store).__name__,
+        )
 
 
 def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:

@@ -3,8 +3,9 @@
 uvicorn closes every WebSocket (code 1012) as soon as it starts shutting down, before the
 application's lifespan shutdown runs, so the middleware cannot give running turns a grace
 period from there. `Server` drains the middlewares first: running turns finish (up to
-`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect. It also
-drops uvicorn's spurious error line after the upgrades ws_mode refused
+`Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
+the store writes still under way land (each within its own timeout) before the process
+exits. It also drops uvicorn's spurious error line after the upgrades ws_mode refused
 (`ws_mode.logs.RefusalLineFilter`).
 """
 

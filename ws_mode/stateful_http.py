@@ -28,12 +28,19 @@ import orjson
 
 from .asgi import Message, Receive, Scope, Send
 from .auth import AuthenticationFailed, authenticate, failure_code
-from .client_events import text_input
+from .client_events import may_store, store_problem, text_input
 from .frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from .handler_call import replay_body
 from .items import encode_items
 from .logs import for_log
-from .persistence import HYDRATE_SECONDS, StoreUnavailable, keep, load_chain, store_scope
+from .persistence import (
+    HYDRATE_SECONDS,
+    StoreUnavailable,
+    load_chain,
+    read_one,
+    start_write,
+    store_scope,
+)
 from .protocol import TERMINAL_EVENT_BY_STATUS, error_body, json_answer, quoted_id
 from .settings import Settings
 from .sse import SSEBlock, SSEBlocks
@@ -84,7 +91,7 @@ class StatefulHTTP:
                     found = await self.store.delete(owner, response_id)
                     record = None
                 else:
-                    record = (await self.store.get_chain(owner, response_id)).get(response_id)
+                    record = await read_one(self.store, owner, response_id)
                     found = record is not None
         except Exception as exc:
             logger.warning(
@@ -119,11 +126,21 @@ class StatefulHTTP:
             await self.settings.app(scope, replay_body(raw, receive), send)  # the app's to refuse
             return
         body, new_items = parsed  # every field but `input`; the input as items, encoded
+        problem = store_problem(body.get("store"))
+        if problem is not None:
+            await _answer(send, 400, "invalid_type", problem, param="store")
+            return
         parent_id = body.get("previous_response_id")
         chain: list[StoredResponse] = []
         if isinstance(parent_id, str):
             try:
-                found = await load_chain(self.store, self.settings.stats, owner, parent_id)
+                found = await load_chain(
+                    self.store,
+                    self.settings.stats,
+                    owner,
+                    parent_id,
+                    wait=self.settings.limits.store_wait_seconds,
+                )
             except StoreUnavailable:
                 message = "The response store is unavailable."
                 await _answer(send, 503, "store_unavailable", message, param="previous_response_id")
@@ -136,11 +153,11 @@ class StatefulHTTP:
                 return
             chain = found
         request = _full_request(body, chain, new_items) if chain else raw
-        writes: list[asyncio.Task[None]] = []
+        writes: list[asyncio.Task[bool]] = []
 
         def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
             # Written as the terminal event goes out, so a continuation finds it at once.
-            if body.get("store") is False:
+            if not may_store(body.get("store"), response):
                 return
             record = StoredResponse(
                 id=response["id"],
@@ -150,7 +167,7 @@ class StatefulHTTP:
                 output=encode_items(output),
                 response=orjson.dumps(response),
             )
-            writes.append(asyncio.create_task(keep(self.store, self.settings.stats, owner, record)))
+            writes.append(start_write(self.store, self.settings.stats, owner, record))
 
         watcher = _Watcher(send, parent_id if chain else None, finished)
         headers = _without_length(scope.get("headers", ()))
@@ -159,7 +176,9 @@ class StatefulHTTP:
             {**scope, "headers": headers}, replay_body(request, receive), watcher
         )
         if writes:
-            await asyncio.gather(*writes)
+            # The answer's end waits for the write, so a continuation finds it at once; the
+            # write is the process's, and this request ending early never cancels it.
+            await asyncio.wait(writes)
 
 
 class _Watcher:

@@ -33,10 +33,16 @@ class Stats:
         self.cache_misses = 0
         self.bytes_received = 0
         self.bytes_saved = 0
-        #: Responses loaded from the store (`store=`) into a connection's cache, and writes.
+        #: Responses loaded from the store (`store=`) into a connection's cache; records
+        #: written; lookups and writes that failed (a write cancelled too).
         self.store_hydrations = 0
         self.store_writes = 0
         self.store_failures = 0
+        #: Records not stored because their conversation alone exceeds
+        #: `Limits.max_stored_bytes_per_principal`, and conversations dropped to keep a
+        #: principal within it.
+        self.store_refused = 0
+        self.store_dropped = 0
         self.errors: Counter[str] = Counter()
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -105,6 +111,8 @@ class Stats:
             "store_hydrations": self.store_hydrations,
             "store_writes": self.store_writes,
             "store_failures": self.store_failures,
+            "store_refused": self.store_refused,
+            "store_dropped": self.store_dropped,
             "errors": dict(self.errors),
             **self._memory(),
             "turn_latency": {"buckets": cumulative, "count": total, "sum": self.latency_sum},

@@ -3,9 +3,10 @@
 A store keeps finished responses created with `store: true` (the default when `store` is
 omitted), so a `previous_response_id` missing from a connection's cache (after a reconnect, on
 another worker) can be hydrated. Records are scoped by principal and grouped by conversation
-(`chain_id`, the id of its first response), so a whole chain comes back in one round trip.
-A response is written only when it and every response before it allowed storing: nothing of a
-conversation that used `store: false` is ever persisted.
+(`chain_id`, the id of its first response); a hydration reads the ancestors of the response it
+continues, following parent links, never the conversation's other forks. A response is written
+only when it and every response before it allowed storing (the request's `store` and the
+response object's): nothing of a conversation that used `store: false` is ever persisted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any, Protocol
 
 import orjson
 
-__all__ = ["DEFAULT_TTL_SECONDS", "MemoryStore", "ResponseStore", "StoredResponse", "chain_of"]
+__all__ = [
+    "DEFAULT_TTL_SECONDS",
+    "MemoryStore",
+    "QuotaExceeded",
+    "ResponseStore",
+    "StoredResponse",
+    "chain_of",
+]
 
 #: How long a stored response lives: 30 days, as OpenAI keeps stored responses.
 DEFAULT_TTL_SECONDS = 30 * 24 * 3600.0
@@ -79,22 +87,59 @@ class ResponseStore(Protocol):
     Every call is scoped by `principal` (whose responses they are): a record of another
     principal is never returned, and reads as not found. Implementations bound every call by
     a timeout and raise on failure; the middleware turns failures into error events.
+
+    `put`, `get_chain` and `delete` are required. The middleware uses `get_ancestors`, `get`,
+    `limit_principal_bytes`, `mark_pending` and `is_pending` when a store has them (both
+    stores here do; `MemoryStore`'s markers are no-ops, which a store in one process can
+    be), and otherwise falls back on `get_chain`, which reads the whole conversation, every
+    fork included; says at startup that the store keeps no bound per principal; and has a
+    miss wait the whole `Limits.store_wait_seconds`, since it cannot tell a write on its way.
     """
 
-    async def put(self, principal: str, record: StoredResponse) -> None:
-        """Keep `record` (its time to live starts again)."""
+    async def put(self, principal: str, record: StoredResponse) -> int | None:
+        """Keep `record` (its time to live starts again). A store that bounds what one
+        principal keeps returns how many of that principal's conversations it dropped to make
+        room (least recently written first), and raises `QuotaExceeded` when the record's own
+        conversation does not fit the bound."""
 
     async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
         """The records of the conversation `response_id` belongs to, by id (empty when it is
-        not stored), in one round trip."""
+        not stored), in one round trip. Its cost grows with every fork of the conversation:
+        hydration uses `get_ancestors` instead where the store has it."""
+        ...
+
+    async def get_ancestors(self, principal: str, response_id: str) -> list[StoredResponse]:
+        """The records from the conversation's first response down to `response_id`, following
+        parent links only (never a fork), in one round trip where the store can; empty when
+        `response_id` or one of its ancestors is not stored."""
+        ...
+
+    async def get(self, principal: str, response_id: str) -> StoredResponse | None:
+        """One record, or None when it is not stored."""
         ...
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response; whether it was stored."""
         ...
 
+    def limit_principal_bytes(self, max_bytes: int | None) -> None:
+        """Bound the bytes of records one principal keeps (None: no bound); the middleware
+        passes `Limits.max_stored_bytes_per_principal`."""
+
+    async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
+        """Say, for `seconds`, that these responses are being written (called before `put`)."""
+
+    async def is_pending(self, principal: str, response_id: str) -> bool:
+        """Whether `response_id` is being written (`mark_pending`), so a miss waits for it."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections."""
+
+
+class QuotaExceeded(Exception):
+    """A record was not kept: its conversation alone is larger than the principal's bound
+    (`Limits.max_stored_bytes_per_principal`)."""
 
 
 def chain_of(records: dict[str, StoredResponse], response_id: str) -> list[StoredResponse] | None:
@@ -114,7 +159,9 @@ def chain_of(records: dict[str, StoredResponse], response_id: str) -> list[Store
 
 class MemoryStore:
     """A store in this process: for one worker, or tests. Bounded by record count and bytes
-    (least recently written out first) and by a time to live."""
+    (least recently written out first), by a time to live, and per principal by
+    `limit_principal_bytes` (that principal's least recently written conversations out first).
+    """
 
     def __init__(
         self,
@@ -126,30 +173,65 @@ class MemoryStore:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.ttl_seconds = ttl_seconds
+        #: The most bytes one principal's records may hold (None: no bound).
+        self.max_principal_bytes: int | None = None
         # (principal, id) -> (record, expires at); chains: (principal, chain id) -> ids
         self._records: OrderedDict[tuple[str, str], tuple[StoredResponse, float]] = OrderedDict()
         self._chains: dict[tuple[str, str], set[str]] = {}
         self._bytes = 0
+        # Per principal: its bytes, and its chains least recently written first, with theirs.
+        self._principal_bytes: dict[str, int] = {}
+        self._principal_chains: dict[str, OrderedDict[str, int]] = {}
 
     @property
     def bytes(self) -> int:
         """The bytes of the records kept."""
         return self._bytes
 
+    def principal_bytes(self, principal: str) -> int:
+        """The bytes of `principal`'s records kept."""
+        return self._principal_bytes.get(principal, 0)
+
     def __len__(self) -> int:
         return len(self._records)
 
-    async def put(self, principal: str, record: StoredResponse) -> None:
-        """Keep `record`."""
+    def limit_principal_bytes(self, max_bytes: int | None) -> None:
+        """Bound the bytes of one principal's records (None: no bound)."""
+        self.max_principal_bytes = max_bytes
+
+    async def put(self, principal: str, record: StoredResponse) -> int:
+        """Keep `record`; how many of the principal's conversations were dropped for it."""
         key = (principal, record.id)
+        bound = self.max_principal_bytes
+        if bound is not None:
+            chains = self._principal_chains.get(principal, OrderedDict())
+            entry = self._records.get(key)
+            replaced = entry[0].size if entry is not None else 0
+            if chains.get(record.chain_id, 0) - replaced + record.size > bound:
+                raise QuotaExceeded(
+                    f"the conversation would hold more than {bound} bytes "
+                    "(Limits.max_stored_bytes_per_principal)"
+                )
         self._forget(key)
         self._records[key] = (record, time.monotonic() + self.ttl_seconds)
         self._chains.setdefault((principal, record.chain_id), set()).add(record.id)
         self._bytes += record.size
+        self._principal_bytes[principal] = self._principal_bytes.get(principal, 0) + record.size
+        chains = self._principal_chains.setdefault(principal, OrderedDict())
+        chains[record.chain_id] = chains.get(record.chain_id, 0) + record.size
+        chains.move_to_end(record.chain_id)
+        dropped = 0
+        if bound is not None:
+            while self._principal_bytes[principal] > bound:
+                oldest = next(iter(chains))  # never the record's own: it was written last
+                for member in list(self._chains.get((principal, oldest), ())):
+                    self._forget((principal, member))
+                dropped += 1
         while self._records and (
             len(self._records) > self.max_records or self._bytes > self.max_bytes
         ):
             self._forget(next(iter(self._records)))
+        return dropped
 
     async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
         """The records of the conversation `response_id` belongs to."""
@@ -162,6 +244,31 @@ class MemoryStore:
             if record is not None:
                 chain[member] = record
         return chain
+
+    async def get_ancestors(self, principal: str, response_id: str) -> list[StoredResponse]:
+        """The records from the first response down to `response_id`, parent links only."""
+        chain: list[StoredResponse] = []
+        current: str | None = response_id
+        while current is not None:
+            record = self._live((principal, current))
+            if record is None or len(chain) > len(self._records):
+                return []
+            chain.append(record)
+            current = record.parent_id
+        chain.reverse()
+        return chain
+
+    async def get(self, principal: str, response_id: str) -> StoredResponse | None:
+        """One record, or None."""
+        return self._live((principal, response_id))
+
+    async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
+        """Nothing to mark: see `is_pending`."""
+
+    async def is_pending(self, principal: str, response_id: str) -> bool:
+        """False: a write lands the moment it runs, and one under way in this process is
+        waited for by the hydration itself."""
+        return False
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response."""
@@ -184,10 +291,20 @@ class MemoryStore:
         if entry is None:
             return False
         record = entry[0]
+        principal = key[0]
         self._bytes -= record.size
-        members = self._chains.get((key[0], record.chain_id))
+        self._principal_bytes[principal] -= record.size
+        if not self._principal_bytes[principal]:
+            del self._principal_bytes[principal]
+        chains = self._principal_chains[principal]
+        chains[record.chain_id] -= record.size
+        members = self._chains.get((principal, record.chain_id))
         if members is not None:
             members.discard(record.id)
             if not members:
-                del self._chains[(key[0], record.chain_id)]
+                del self._chains[(principal, record.chain_id)]
+        if (principal, record.chain_id) not in self._chains:
+            del chains[record.chain_id]
+            if not chains:
+                del self._principal_chains[principal]
         return True

@@ -22,7 +22,7 @@ from cachetools import LRUCache
 from .after_response import AfterResponses
 from .asgi import Scope
 from .cache import CachedResponse, ResponseCache
-from .client_events import CreateEvent
+from .client_events import CreateEvent, may_store
 from .events import ResponseStream, lifecycle_events
 from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
 from .persistence import StoreLink, StoreUnavailable
@@ -170,7 +170,7 @@ class TurnRunner:
                 artifacts=current.artifacts,
                 input_fragment=new_fragment,
                 remote=forwarded,
-                storable=_storable(create),
+                storable=_storable(create, response),
             )
             self.request_done(request)
             self._remember(node, current, output)
@@ -303,7 +303,9 @@ class TurnRunner:
         """`generate: false`: prepare the request's state and answer with an empty response.
 
         The input is validated, encoded and rendered now, so the first generated turn that
-        continues from the warm-up finds it all cached.
+        continues from the warm-up finds it all cached. No handler saw it, so nothing has
+        authorized its content: it is never written to the store by itself, only with the
+        first generated response that continues from it (whose context the handler saw).
         """
         fields = create.fields
         response: dict[str, Any] = {
@@ -318,7 +320,7 @@ class TurnRunner:
             "tools": fields.get("tools") or [],
             "tool_choice": fields.get("tool_choice", "auto"),
             "parallel_tool_calls": fields.get("parallel_tool_calls", True),
-            "store": fields.get("store", False),
+            "store": fields.get("store") is not False,
             "metadata": fields.get("metadata") or {},
             "usage": None,
             "error": None,
@@ -333,9 +335,9 @@ class TurnRunner:
             stream_id=create.stream_id,
             tools_digest=current.tools_digest,
             input_fragment=new_fragment,
-            storable=_storable(create),
+            storable=_storable(create, response),
         )
-        self._remember(node, current, [])
+        self._remember(node, current, [], write=False)
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
         for event in lifecycle_events(response, in_progress=False):
             if create.stream_id is not None:
@@ -350,8 +352,17 @@ class TurnRunner:
             artifacts = self._tool_artifacts[digest] = {}
         return artifacts
 
-    def _remember(self, node: CachedResponse, current: Turn, output: list[dict[str, Any]]) -> None:
-        """Cache a finished response; its output is rendered later, off the next turn's path."""
+    def _remember(
+        self,
+        node: CachedResponse,
+        current: Turn,
+        output: list[dict[str, Any]],
+        *,
+        write: bool = True,
+    ) -> None:
+        """Cache a finished response, and start writing it to the store (with its ancestors
+        never written) unless `write` is False (a warm-up); its output is rendered later,
+        off the next turn's path."""
         renderer = self.settings.renderer
         prefix, new_tokens = current.prefix_tokens, current.new_tokens
         if renderer is not None and prefix is not None and new_tokens is not None:
@@ -359,9 +370,10 @@ class TurnRunner:
                 lambda: prefix.extended(new_tokens, renderer(output) if output else ())
             )
         self.cache.put(node)
-        written = self.store.write(node) if self.store is not None else None
-        if written is not None:
-            self.after.keep(written)  # started now, before the terminal event goes out
+        if write and self.store is not None:
+            # Started now, before the terminal event goes out; the process owns the write,
+            # so the connection closing never cancels it.
+            self.store.write(node)
 
 
 def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
@@ -391,7 +403,7 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
     return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
 
 
-def _storable(create: CreateEvent) -> bool:
-    """Whether a response may be kept beyond the connection: the request's `store`, true by
-    default (the handler's own `store` says whether the handler kept it)."""
-    return create.fields.get("store") is not False
+def _storable(create: CreateEvent, response: dict[str, Any]) -> bool:
+    """Whether a response may be kept beyond the connection: neither the request nor the
+    response object says `store: false` (true by default)."""
+    return may_store(create.fields.get("store"), response)

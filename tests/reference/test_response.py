@@ -83,7 +83,7 @@ def test_defaults_and_random_ids(client: TestClient) -> None:
     assert first["model"] == "reference"
     assert first["tools"] == []
     assert first["metadata"] == {}
-    assert first["store"] is False
+    assert first["store"] is True  # OpenAI's default
     assert first["instructions"] is None
     assert first["max_output_tokens"] is None
     # OpenAI's defaults for what the request left out (the Open Responses schema needs them).

@@ -56,7 +56,7 @@ def response_object(
         "reasoning": {"effort": None, "summary": None, **(body.get("reasoning") or {})},
         "safety_identifier": body.get("safety_identifier"),
         "service_tier": _service_tier(body.get("service_tier")),
-        "store": _default(body, "store", False),
+        "store": _default(body, "store", True),
         "temperature": _default(body, "temperature", 1.0),
         "text": _text(body.get("text")),
         "tool_choice": _default(body, "tool_choice", "auto"),
