@@ -32,6 +32,7 @@ from .protocol import RESPONSE_EVENTS, SUCCESS_EVENTS, error_body, json_answer
 from .settings import Settings
 from .sse import SSEDecoder, encode_sse
 from .store import ResponseStore, StoredResponse
+from .turn import turn
 
 __all__ = ["StatefulHTTP"]
 
@@ -46,7 +47,11 @@ class StatefulHTTP:
         self.store = store
 
     def handles(self, scope: Scope) -> bool:
-        """Whether `scope` is a request this serves."""
+        """Whether `scope` is a request this serves: never a socket turn, which reaches the
+        middleware again on its way down from the application's entry and was resolved
+        against the connection's cache and the store already."""
+        if turn(scope) is not None:
+            return False
         path: str = scope["path"]
         base = scope.get("root_path", "") + self.settings.path
         method: str = scope["method"]
