@@ -210,27 +210,38 @@ def test_the_key_check_guards_socket_turns_wherever_it_is_added(
     assert seen.checked_turns == 2
 
 
-def test_events_stream_one_by_one_through_an_outer_base_http_middleware() -> None:
-    seen = Seen()
-    with (
-        running(build("fastapi", "base", "added-after", seen)) as server,
-        server.raw(headers={"x-api-key": KEY}) as ws,
-    ):
-        ws.send({"type": "response.create", "model": "gated", "input": "Hi"})
-        # The first delta arrives while the handler still waits for the gate: not buffered.
-        while ws.recv()["type"] != "response.output_text.delta":
-            pass
-        assert not seen.gate.is_set()
-        seen.gate.set()
-        completed_response(ws.until_terminal())
-    assert seen.checked_turns == 1
-    assert seen.endings == ["completed"]
-
-
 def _tasks(server: Server) -> int:
     answer = httpx.get(server.base_url + "/debug/tasks", headers={"x-api-key": KEY}, timeout=5)
     count: int = answer.json()["count"]
     return count
+
+
+def _settled_tasks(server: Server, before: int, timeout: float = 5.0) -> int:
+    """The server's task count once it is back to `before`, or what it is after `timeout`."""
+    deadline = time.monotonic() + timeout
+    count = _tasks(server)
+    while count > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+        count = _tasks(server)
+    return count
+
+
+def test_events_stream_one_by_one_through_an_outer_base_http_middleware() -> None:
+    seen = Seen()
+    with running(build("fastapi", "base", "added-after", seen)) as server:
+        before = _tasks(server)
+        with server.raw(headers={"x-api-key": KEY}) as ws:
+            ws.send({"type": "response.create", "model": "gated", "input": "Hi"})
+            # The first delta arrives while the handler still waits for the gate: not buffered.
+            while ws.recv()["type"] != "response.output_text.delta":
+                pass
+            assert not seen.gate.is_set()
+            seen.gate.set()
+            completed_response(ws.until_terminal())
+        after = _settled_tasks(server, before)
+    assert seen.checked_turns == 1
+    assert seen.endings == ["completed"]
+    assert after <= before, f"{after - before} tasks left behind by a finished turn"
 
 
 def test_leaving_cancels_the_handler_through_an_outer_base_http_middleware() -> None:
@@ -247,10 +258,7 @@ def test_leaving_cancels_the_handler_through_an_outer_base_http_middleware() -> 
             time.sleep(0.02)
         assert seen.endings
         assert seen.endings[0] in ("cancelled", "closed")
-        after = _tasks(server)
-        while after > before and time.monotonic() < deadline:
-            time.sleep(0.05)
-            after = _tasks(server)
+        after = _settled_tasks(server, before)
     assert seen.checked_turns == 1
     assert after <= before, f"{after - before} tasks left behind"
 
