@@ -375,8 +375,8 @@ def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
     `app.add_middleware(WebSocketModeMiddleware)` or `Middleware(...)` built), and the apps
     mounted on a router. It never builds a stack, so `add_middleware` still works afterwards:
     for an app that has not started, the middleware its `user_middleware` list names is made
-    now, and the app uses that very instance when it builds its stack on its first call. Use
-    it to reach the instances for `stats`, `drain()`, `enabled` or
-    `ws_mode.prometheus.register`.
+    now (its options are checked then), and the app uses that very instance when it builds its
+    stack on its first call. Use it to reach the instances for `stats`, `drain()`, `enabled`
+    or `ws_mode.prometheus.register`.
     """
     return stack.find(app, WebSocketModeMiddleware)
