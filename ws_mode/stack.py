@@ -55,10 +55,11 @@ def say_where_turns_enter(scope: Scope, settings: Any) -> None:
     if entry(scope, settings) is not None and "app_root_path" not in scope:
         return
     logger.warning(
-        "WebSocket mode at %s: socket turns call the app this middleware wraps, so HTTP "
+        "WebSocket mode at %s: socket turns cannot reach the whole application, so HTTP "
         "middleware wrapped around it from outside (a pure ASGI wrapper, or an app that "
         "mounts this one) does not run on them. If such a middleware checks credentials, "
-        "move it inside WebSocketModeMiddleware or pass authenticate=.",
+        "move it where turns meet it (the app's own middleware list, or the app "
+        "WebSocketModeMiddleware wraps) or pass authenticate=.",
         settings.path,
     )
 
