@@ -209,11 +209,9 @@ def test_the_key_check_guards_socket_turns_wherever_it_is_added(
     error = refused[0]
     assert error["status"] == 401
     assert error["error"]["type"] == "invalid_request_error"
-    if check == "pure":  # the check's JSON error body reaches the client as it is
-        assert error["error"]["code"] == "invalid_api_key"
-        assert error["error"]["message"] == "Bad key."
-    else:  # a plain-text body becomes the message
-        assert error["error"]["message"] == "Bad key."
+    # The check's JSON error body reaches the client as it is; a plain-text one is the message.
+    assert error["error"]["message"] == "Bad key."
+    assert error["error"]["code"] == ("invalid_api_key" if check == "pure" else None)
     assert completed_response(answered)["output"][0]["content"][0]["text"] == "Hello there."
     assert len(seen.bodies) == 1  # the refused turn never reached the handler
     assert seen.checked_turns == 2
