@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import logs
+from . import logs, stack
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .auth import (
     AuthenticationFailed,
@@ -29,6 +29,7 @@ from .settings import CacheMiss, FullContext, ResponseHook, Settings, check_prin
 from .stateful_http import StatefulHTTP
 from .store import ResponseStore
 from .tokens import Renderer
+from .turn import turn
 
 __all__ = [
     "FullContext",
@@ -199,15 +200,21 @@ class WebSocketModeMiddleware:
             await self.app(scope, self._lifespan_receive(receive), send)
             return
         if scope["type"] != "websocket" or not self._is_socket_path(scope):
-            stateful = self._stateful
-            if scope["type"] == "http" and stateful is not None and stateful.handles(scope):
-                await stateful(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+            elif self._stateful is not None and self._stateful.handles(scope):
+                await self._stateful(scope, receive, send)
+            elif turn(scope) is not None:
+                # A socket turn on its way down from the application's entry: the app below,
+                # as its settings name it (a compatibility check records there).
+                await self.settings.app(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         message = await receive()
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
+        self._say_where_turns_enter(scope)
         if not self.enabled or self._draining:
             await self._refuse(
                 scope,
@@ -316,6 +323,13 @@ class WebSocketModeMiddleware:
         for answer in json_answer("websocket.http.response", status, body, headers):
             await send(answer)
 
+    _entry_said = False
+
+    def _say_where_turns_enter(self, scope: Scope) -> None:
+        if not self._entry_said:  # once, at the first socket
+            self._entry_said = True
+            stack.say_where_turns_enter(scope, self.settings)
+
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """Drain the sockets when the server announces its shutdown, before the app hears;
         serve again after a new startup."""
@@ -397,31 +411,15 @@ def _bound_store(store: ResponseStore, limits: Limits) -> None:
 
 
 def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
-    """The live WebSocket mode middlewares inside an ASGI app, outermost first.
+    """The WebSocket mode middlewares inside an ASGI app, outermost first: the instances that
+    serve (or will serve) its sockets.
 
     It follows wrapped apps (`.app`), Starlette's and FastAPI's middleware stack (what
-    `app.add_middleware(WebSocketModeMiddleware)` or `Middleware(...)` built; it is built now if
-    the app has not served yet, as Starlette would on its first call), and the apps mounted on
-    a router. Use it to reach the instances for `stats`, `drain()`, `enabled` or
-    `ws_mode.prometheus.register`.
+    `app.add_middleware(WebSocketModeMiddleware)` or `Middleware(...)` built), and the apps
+    mounted on a router. It never builds a stack, so `add_middleware` still works afterwards:
+    for an app that has not started, the middleware its `user_middleware` list names is made
+    now (its options are checked then), and the app uses that very instance when it builds its
+    stack on its first call. Use it to reach the instances for `stats`, `drain()`, `enabled`
+    or `ws_mode.prometheus.register`.
     """
-    found: list[WebSocketModeMiddleware] = []
-    seen: set[int] = set()
-    pending = [app]
-    while pending:
-        node = pending.pop(0)
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, WebSocketModeMiddleware):
-            found.append(node)
-        if hasattr(node, "build_middleware_stack") and hasattr(node, "middleware_stack"):
-            if node.middleware_stack is None:  # Starlette builds it on the first call
-                node.middleware_stack = node.build_middleware_stack()
-            pending.append(node.middleware_stack)
-            continue
-        pending.append(getattr(node, "app", None))
-        routes = getattr(node, "routes", None)
-        if isinstance(routes, list):
-            pending.extend(getattr(route, "app", None) for route in routes)
-    return found
+    return stack.find(app, WebSocketModeMiddleware)

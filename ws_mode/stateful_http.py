@@ -46,6 +46,7 @@ from .settings import Settings
 from .sse import SSEBlock, SSEBlocks
 from .store import ResponseStore, StoredResponse
 from .tap import ResponseTap
+from .turn import turn
 
 __all__ = ["StatefulHTTP"]
 
@@ -60,7 +61,11 @@ class StatefulHTTP:
         self.store = store
 
     def handles(self, scope: Scope) -> bool:
-        """Whether `scope` is a request this serves."""
+        """Whether `scope` is a request this serves: never a socket turn, which reaches the
+        middleware again on its way down from the application's entry and was resolved
+        against the connection's cache and the store already."""
+        if turn(scope) is not None:
+            return False
         path: str = scope["path"]
         base = scope.get("root_path", "") + self.settings.path
         method: str = scope["method"]

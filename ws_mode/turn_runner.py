@@ -28,6 +28,7 @@ from .handler_call import ClientGone, HandlerCall, handler_headers, http_scope
 from .persistence import StoreLink, StoreUnavailable
 from .protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from .settings import Settings
+from .stack import entry
 from .steering import Outcome, SteerInbox, Steering
 from .tokens import Tokens
 from .turn import Turn, build_body, tools_digest
@@ -72,6 +73,11 @@ class TurnRunner:
         #: The responses streaming now.
         self.streams: set[ResponseStream] = set()
         self._headers = handler_headers(scope)
+        #: Where turns enter: the whole application when the framework exposes one holding
+        #: this middleware (every HTTP middleware a plain POST meets runs, those outside
+        #: ws_mode included), else the app the middleware wraps.
+        whole = entry(scope, settings)
+        self._app = whole if whole is not None else settings.app
         self._handler_path = scope.get("root_path", "") + settings.handler_path
         self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
         #: Work that follows responses, off the next turn's path.
@@ -198,7 +204,7 @@ class TurnRunner:
             extension=current,
         )
         self.streams.add(stream)
-        call = asyncio.create_task(HandlerCall(self.settings.app, scope, body, stream).run())
+        call = asyncio.create_task(HandlerCall(self._app, scope, body, stream).run())
         # If the turn is abandoned just as the call fails, nobody reads the outcome here.
         call.add_done_callback(_retrieve)
         try:
