@@ -117,7 +117,9 @@ class Probe:
                 mine.append(code.co_qualname)
         objects: dict[str, int] = {}
         for obj in gc.get_objects():
-            if isinstance(obj, TRACKED):
+            if issubclass(
+                type(obj), TRACKED
+            ):  # type(): a lazy object (Django's settings) may not be touched
                 name = type(obj).__name__
                 objects[name] = objects.get(name, 0) + 1
         traced = traced_memory() if request.query_params.get("memory") else None

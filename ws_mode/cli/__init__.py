@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from .. import __version__, logs
+from .. import __version__
 from . import bench, check, demo, proxy, serve
-from .common import PROG, CommandError
+from .common import PROG, CommandError, configure_logging
 from .serve import build_app
 
 __all__ = ["build_app", "build_parser", "main"]
@@ -59,10 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    # A program, unlike the library, may configure logging: ws_mode's warnings on stderr in
-    # uvicorn's style, and uvicorn's spurious line after ws_mode's refusals dropped.
-    logs.show_on_stderr()
-    logs.filter_uvicorn_refusals()
+    configure_logging()
     try:
         return run(args)
     except CommandError as exc:

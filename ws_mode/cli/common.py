@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import logging
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from .. import logs
 from ..limits import Limits
 from ..store import MemoryStore, ResponseStore
 from ..tools.args import port
@@ -199,3 +201,14 @@ def _bound_port(server: uvicorn.Server, default: int) -> int:
             port: int = listener.getsockname()[1]
             return port
     return default
+
+
+def configure_logging() -> None:
+    """What the command's processes print (a program, unlike the library, may configure
+    logging): ws_mode's warnings on stderr in uvicorn's style, uvicorn's spurious line after
+    ws_mode's refusals dropped. The warning that socket turns may miss middleware outside
+    WebSocketModeMiddleware is not printed: the command serves the middleware itself, so
+    nothing wraps it."""
+    logs.show_on_stderr()
+    logs.filter_uvicorn_refusals()
+    logging.getLogger("ws_mode.stack").setLevel(logging.ERROR)

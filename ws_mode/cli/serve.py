@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast, get_args
 
-from .. import logs
 from ..limits import Limits
 from ..middleware import FullContext, WebSocketModeMiddleware
 from ..store import ResponseStore
@@ -30,6 +29,7 @@ from .common import (
     API_PATH,
     PROG,
     add_server_arguments,
+    configure_logging,
     is_redis_url,
     run_server,
     run_workers,
@@ -139,8 +139,7 @@ def app_from_environment() -> WebSocketModeMiddleware:
     """The app of one worker of ``ws-mode serve --workers N``, from the ``WS_MODE_SERVE_*``
     environment variables (:data:`ENVIRONMENT`): an app factory for any ASGI server. Like the
     command, it prints ws_mode's warnings in uvicorn's style (`ws_mode.logs`)."""
-    logs.show_on_stderr()  # each worker is a process of the command's own
-    logs.filter_uvicorn_refusals()
+    configure_logging()  # each worker is a process of the command's own
     return ServeSettings.from_environment(os.environ).build()
 
 
