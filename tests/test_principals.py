@@ -355,5 +355,11 @@ def test_a_successor_a_steer_would_start_after_a_revocation_does_not_run() -> No
         model.go.set()  # the response reaches its boundary and is cut for the steer
         events, code = until_closed(socket)
     assert len(model.inputs) == 1  # the successor never reached the handler
-    assert "response.incomplete" in [e["type"] for e in events]
+    kinds = [e["type"] for e in events]
+    assert "response.incomplete" in kinds
+    # The input accepted while the key was valid goes back, once, before the refusal.
+    returned = [e for e in events if e["type"] == "response.steer.failed"]
+    assert [e["steer"]["input"] for e in returned] == ["more"]
+    assert returned[0]["error"]["code"] == "successor_creation_failed"
+    assert kinds.index("response.steer.failed") < kinds.index("error")
     assert_refused(events, code)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .asgi import Message, Receive, Scope, Send
@@ -342,10 +343,14 @@ class Connection:
             )
         self.lanes.submit(create, cost)
 
-    async def _check_credentials(self) -> None:
+    async def _check_credentials(
+        self, give_back: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
         starts (a turn, queued or steered; a steer). A refused principal, or one of another
-        store scope, gets an error event and a close (1008); `ClientGone` ends the work."""
+        store scope, gets an error event and a close (1008); `ClientGone` ends the work.
+        `give_back` runs first on a refusal: what the refused work held goes back to the
+        client (a successor's steering input) while the socket is still open."""
         if self._refused:
             raise ClientGone("the credentials were refused")
         settings = self.settings
@@ -364,6 +369,9 @@ class Connection:
         except AuthenticationFailed as exc:
             if not self._refused:  # another turn's check may have refused them meanwhile
                 self._refused = True
+                if give_back is not None:
+                    with contextlib.suppress(ClientGone):
+                        await give_back()
                 kind = "server_error" if exc.status >= 500 else "invalid_request_error"
                 event = error_event(exc.status, kind, failure_code(exc), exc.message)
                 with contextlib.suppress(ClientGone):

@@ -10,6 +10,7 @@ the next turn's path.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -45,8 +46,9 @@ class TurnRunner:
     """Runs the turns of one connection against its cache.
 
     `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
-    sends an error event of the connection's own; `before_successor` runs before each turn
-    steering starts (the connection's credential check: it raises `ClientGone` to refuse).
+    sends an error event of the connection's own; `before_successor(give_back)` runs before
+    each turn steering starts (the connection's credential check: it raises `ClientGone` to
+    refuse, after awaiting `give_back()`, which returns the successor's steering input).
     """
 
     def __init__(
@@ -57,7 +59,7 @@ class TurnRunner:
         *,
         send_text: Callable[[str], Awaitable[None]],
         send_error: Callable[[dict[str, Any]], Awaitable[None]],
-        before_successor: Callable[[], Awaitable[None]] | None = None,
+        before_successor: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.limits = settings.limits
@@ -113,7 +115,12 @@ class TurnRunner:
                 return
             create, committing = follow
             if self._before_successor is not None:
-                await self._before_successor()  # a successor is work the credentials must allow
+                # A successor is work the credentials must allow; refused, its input goes back.
+                await self._before_successor(
+                    functools.partial(
+                        self.steering.settle, committing, False, create.stream_id, self._send_event
+                    )
+                )
 
     async def _send_event(self, event: dict[str, Any]) -> None:
         await self.send_text(encode_event(event))
