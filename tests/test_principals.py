@@ -203,6 +203,7 @@ def test_get_and_delete_without_valid_credentials_get_401_and_leave_the_record(
             answer = httpx.request(method, url, headers=headers)
             assert answer.status_code == 401, (method, headers)
             assert answer.json()["error"]["code"] == "invalid_api_key"
+            assert answer.headers["www-authenticate"] == "Bearer"  # as the socket's refusal
     assert httpx.get(url, headers=key("sk-acme-1")).json()["id"] == stored["id"]
 
 

@@ -168,6 +168,12 @@ async def authenticate(hook: Authenticator, scope: Scope) -> Any:
     return principal
 
 
+def challenge(exc: AuthenticationFailed) -> list[tuple[bytes, bytes]]:
+    """The headers a refusal carries: `WWW-Authenticate: Bearer` with a 401 (RFC 9110: a
+    401 names the scheme that would be accepted)."""
+    return [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+
+
 def failure_code(exc: AuthenticationFailed) -> str:
     """The error code a refusal carries."""
     return {401: "invalid_api_key", 403: "forbidden"}.get(exc.status, "server_error")

@@ -15,6 +15,7 @@ from .auth import (
     Authenticator,
     PrincipalKey,
     authenticate,
+    challenge,
     failure_code,
     principal_key,
 )
@@ -367,7 +368,7 @@ class WebSocketModeMiddleware:
             else:  # no principal: the client's address
                 client = ("address", scope["client"][0] if scope.get("client") else None)
         except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
-            headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+            headers = challenge(exc)
             await self._refuse(
                 scope, send, exc.status, failure_code(exc), exc.message, headers=headers
             )

@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from .asgi import Message, Receive, Scope, Send
-from .auth import AuthenticationFailed, authenticate, failure_code
+from .auth import AuthenticationFailed, authenticate, challenge, failure_code
 from .client_events import may_store, store_problem, text_input
 from .frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from .handler_call import replay_body
@@ -84,7 +84,8 @@ class StatefulHTTP:
                 principal = await authenticate(settings.authenticate, scope)
             owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
         except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
-            await _answer(send, exc.status, failure_code(exc), exc.message)
+            headers = challenge(exc)
+            await _answer(send, exc.status, failure_code(exc), exc.message, headers=headers)
             return
         if scope["method"] == "POST":
             await self._post(scope, receive, send, owner)
@@ -334,12 +335,20 @@ async def _body(receive: Receive, limit: int) -> bytes | None:
 
 
 async def _answer(
-    send: Send, status: int, code: str, message: str, *, param: str | None = None
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    await _json(send, status, error_body(kind, code, message, param))
+    await _json(send, status, error_body(kind, code, message, param), headers)
 
 
-async def _json(send: Send, status: int, body: bytes) -> None:
-    for part in json_answer("http.response", status, body):
+async def _json(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    for part in json_answer("http.response", status, body, headers):
         await send(part)
