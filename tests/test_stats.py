@@ -105,3 +105,4 @@ def test_prometheus_exposes_the_counters() -> None:
     assert "ws_mode_connections_open 0.0" in text
     assert "ws_mode_memory_limit_bytes 2.147483648e+09" in text
     assert "ws_mode_memory_refusals_total 0.0" in text
+    assert "ws_mode_store_failures_total 0.0" in text  # every counter of the store too

@@ -4,7 +4,7 @@ from ws_mode import WebSocketModeMiddleware
 app.add_middleware(WebSocketModeMiddleware)
 """
 
-from .auth import AuthenticationFailed, Authenticator, bearer_token
+from .auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_token
 from .cache import CachedResponse
 from .errors import ConfigError, WSModeError
 from .limits import Limits
@@ -18,6 +18,7 @@ __all__ = [
     "CachedResponse",
     "ConfigError",
     "Limits",
+    "PrincipalKey",
     "Renderer",
     "ResponseHook",
     "Tokens",

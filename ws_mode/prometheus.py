@@ -35,6 +35,11 @@ _COUNTERS = (
     ("cache_evictions", "Responses evicted from connection caches."),
     ("bytes_received", "Bytes of client frames received."),
     ("bytes_saved", "Context bytes clients did not have to re-send, joined from the cache."),
+    ("store_hydrations", "Parents missing from a connection's cache found in the store."),
+    ("store_writes", "Records written to the store."),
+    ("store_failures", "Store reads and writes that failed, timed out or were cancelled."),
+    ("store_refused", "Conversations not stored: larger than max_stored_bytes_per_principal."),
+    ("store_dropped", "Conversations dropped to keep a principal within its store bound."),
 )
 
 _MEMORY_GAUGES = (
