@@ -41,6 +41,18 @@ class Limits:
     a single conversation larger than the bound is not stored; None: no bound), and a
     continuation whose parent is not stored yet waits up to `store_wait_seconds` for its
     write to land (a response finished on another worker a moment ago).
+
+    Fixed bounds: the other bounds are module constants, each a measured cost, a protocol
+    fact, a process-wide detail or a ceiling over a knob set elsewhere (docs/limits.md,
+    "Fixed bounds", says why for each): `after_response.AFTER_RESPONSE_GRACE`,
+    `budget.CONNECTION_COST`, `budget.PARSE_FACTOR`, `budget.PRESSURE_SHARE`,
+    `cache.TOO_LARGE_REMEMBERED`, `cache.NODE_OVERHEAD`, `cache.VALUE_OVERHEAD`,
+    `connection.CLOSE_TIMEOUT`, `frames.OFF_LOOP_BYTES`, `frames.WORKERS`,
+    `frames.MAX_FAILURES`, `frames.RETRY_SECONDS`, `handler_call.MAX_BUFFERED_ANSWER`,
+    `hooks.HOOK_THREADS`, `logs.LOG_VALUE_CHARS`, `persistence.HYDRATE_SECONDS`,
+    `persistence.WRITE_SECONDS`, `persistence.POLL_SECONDS`, `persistence.POLL_MAX_SECONDS`,
+    `persistence.STORED_REMEMBERED`, `protocol.QUOTED_ID_CHARS`, `protocol.STREAM_ID`,
+    `steering.MAX_WAITING_RESPONSES`, `turn_runner.TOOL_SETS`, `proxy.transport._MAX_HEADER`.
     """
 
     max_connections: int = 1000
