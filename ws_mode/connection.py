@@ -29,7 +29,7 @@ from .frames import held_cost, parse_frame
 from .handler_call import ClientGone
 from .lanes import Lanes
 from .persistence import StoreLink, store_scope
-from .protocol import encode_event, error_event, memory_budget_exceeded
+from .protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
 from .settings import Settings
 from .steering import accepted_event
 from .turn_runner import TurnRunner
@@ -372,7 +372,7 @@ class Connection:
                 if give_back is not None:
                     with contextlib.suppress(ClientGone):
                         await give_back()
-                kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+                kind = error_type_for_status(exc.status)
                 event = error_event(exc.status, kind, failure_code(exc), exc.message)
                 with contextlib.suppress(ClientGone):
                     await self.send_error(event)

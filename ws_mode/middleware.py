@@ -25,7 +25,13 @@ from .errors import ConfigError
 from .limits import Limits
 from .origins import OriginPolicy
 from .persistence import flush_writes, store_scope
-from .protocol import MEMORY_BUDGET_EXCEEDED, error_body, json_answer, memory_budget_message
+from .protocol import (
+    MEMORY_BUDGET_EXCEEDED,
+    error_body,
+    error_type_for_status,
+    json_answer,
+    memory_budget_message,
+)
 from .settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
 from .stateful_http import StatefulHTTP
 from .store import ResponseStore
@@ -319,7 +325,7 @@ class WebSocketModeMiddleware:
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
             return
-        kind = "server_error" if status >= 500 else "invalid_request_error"
+        kind = error_type_for_status(status)
         body = error_body(kind, code, message)
         for answer in json_answer("websocket.http.response", status, body, headers):
             await send(answer)

@@ -23,6 +23,7 @@ __all__ = [
     "encode_event",
     "error_body",
     "error_event",
+    "error_type_for_status",
     "json_answer",
     "memory_budget_exceeded",
     "memory_budget_message",
@@ -91,6 +92,11 @@ def error_event(
     if stream_id is not None:
         event["stream_id"] = stream_id
     return event
+
+
+def error_type_for_status(status: int) -> str:
+    """An error's `type` for a status: `server_error` from 500 up, else `invalid_request_error`."""
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 def server_error(message: str, *, stream_id: str | None = None) -> dict[str, Any]:

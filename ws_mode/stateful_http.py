@@ -41,7 +41,13 @@ from .persistence import (
     start_write,
     store_scope,
 )
-from .protocol import TERMINAL_EVENT_BY_STATUS, error_body, json_answer, quoted_id
+from .protocol import (
+    TERMINAL_EVENT_BY_STATUS,
+    error_body,
+    error_type_for_status,
+    json_answer,
+    quoted_id,
+)
 from .settings import Settings
 from .sse import SSEBlock, SSEBlocks
 from .store import ResponseStore, StoredResponse
@@ -343,7 +349,7 @@ async def _answer(
     param: str | None = None,
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
+    kind = error_type_for_status(status)
     await _json(send, status, error_body(kind, code, message, param), headers)
 
 
