@@ -106,3 +106,16 @@ def test_prometheus_exposes_the_counters() -> None:
     assert "ws_mode_memory_limit_bytes 2.147483648e+09" in text
     assert "ws_mode_memory_refusals_total 0.0" in text
     assert "ws_mode_store_failures_total 0.0" in text  # every counter of the store too
+
+
+def test_prometheus_exports_every_number_the_snapshot_gives() -> None:
+    # Both are made from one table (ws_mode.stats.METRICS): a counter added to Stats is
+    # exported, under its own name.
+    middleware = WebSocketModeMiddleware(Starlette())
+    registry = CollectorRegistry()
+    register(middleware, registry)
+    text = generate_latest(registry).decode()
+    numbers = [k for k, v in middleware.stats.snapshot().items() if isinstance(v, int | float)]
+    assert len(numbers) >= 20
+    for key in numbers:
+        assert f"\nws_mode_{key} " in text or f"\nws_mode_{key}_total " in text, key

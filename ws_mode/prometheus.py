@@ -21,31 +21,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .middleware import WebSocketModeMiddleware
+from .stats import METRICS
 
 __all__ = ["StatsCollector", "register"]
-
-_COUNTERS = (
-    ("connections_total", "WebSocket mode connections accepted."),
-    ("connections_refused", "WebSocket mode upgrades refused (limits, switched off, auth)."),
-    ("turns", "Handler calls made for generated responses."),
-    ("turns_failed", "Handler calls whose response failed or errored."),
-    ("warm_ups", "generate: false warm-ups answered without calling the handler."),
-    ("cache_hits", "Requests whose previous_response_id was cached on the connection."),
-    ("cache_misses", "Requests whose previous_response_id was not cached on the connection."),
-    ("cache_evictions", "Responses evicted from connection caches."),
-    ("bytes_received", "Bytes of client frames received."),
-    ("bytes_saved", "Context bytes clients did not have to re-send, joined from the cache."),
-    ("store_hydrations", "Parents missing from a connection's cache found in the store."),
-    ("store_writes", "Records written to the store."),
-    ("store_failures", "Store reads and writes that failed, timed out or were cancelled."),
-    ("store_refused", "Conversations not stored: larger than max_stored_bytes_per_principal."),
-    ("store_dropped", "Conversations dropped to keep a principal within its store bound."),
-)
-
-_MEMORY_GAUGES = (
-    ("memory_bytes", "Bytes WebSocket mode holds in this process (the memory budget's use)."),
-    ("memory_limit_bytes", "The memory budget: Limits.max_memory_bytes."),
-)
 
 
 class StatsCollector(Collector):
@@ -58,21 +36,11 @@ class StatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self.middleware.stats.snapshot()
         name = self.prefix
-        yield GaugeMetricFamily(
-            f"{name}_connections_open",
-            "Open WebSocket mode connections.",
-            value=snapshot["connections_open"],
-        )
-        for key, documentation in _COUNTERS:
-            yield CounterMetricFamily(f"{name}_{key}", documentation, value=snapshot[key])
-        if "memory_bytes" in snapshot:  # the process's memory budget (Limits.max_memory_bytes)
-            for key, documentation in _MEMORY_GAUGES:
-                yield GaugeMetricFamily(f"{name}_{key}", documentation, value=snapshot[key])
-            yield CounterMetricFamily(
-                f"{name}_memory_refusals",
-                "Work refused because the memory budget could not hold it.",
-                value=snapshot["memory_refusals"],
-            )
+        for key, kind, documentation in METRICS:
+            if key not in snapshot:  # the memory budget's numbers, without a budget
+                continue
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(f"{name}_{key}", documentation, value=snapshot[key])
         errors = CounterMetricFamily(
             f"{name}_errors", "Error events sent to clients, by code.", labels=["code"]
         )

@@ -13,10 +13,47 @@ from typing import Any
 
 from .budget import MemoryBudget
 
-__all__ = ["LATENCY_BUCKETS", "Stats"]
+__all__ = ["LATENCY_BUCKETS", "METRICS", "Stats"]
 
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+#: Every number `Stats.snapshot()` gives, once: its key, whether it only grows ("counter") or
+#: goes up and down ("gauge"), and what it means. `snapshot()` and `ws_mode.prometheus` are
+#: both made from this table, so a number cannot be counted and not exported. The memory
+#: budget's numbers are there when the middleware has a budget.
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("connections_open", "gauge", "Open WebSocket mode connections."),
+    ("connections_total", "counter", "WebSocket mode connections accepted."),
+    ("connections_refused", "counter", "WebSocket mode upgrades refused (limits, off, auth)."),
+    ("turns", "counter", "Handler calls made for generated responses."),
+    ("turns_failed", "counter", "Handler calls whose response failed or errored."),
+    ("warm_ups", "counter", "generate: false warm-ups answered without calling the handler."),
+    ("cache_hits", "counter", "Requests whose previous_response_id was cached on the connection."),
+    ("cache_misses", "counter", "Requests whose previous_response_id was not cached there."),
+    ("cache_evictions", "counter", "Responses evicted from connection caches."),
+    ("bytes_received", "counter", "Bytes of client frames received."),
+    ("bytes_saved", "counter", "Context bytes clients did not re-send, joined from the cache."),
+    (
+        "store_hydrations",
+        "counter",
+        "Parents missing from a connection cache, found in the store.",
+    ),
+    ("store_writes", "counter", "Records written to the store."),
+    (
+        "store_failures",
+        "counter",
+        "Store reads and writes that failed, timed out or were cut.",
+    ),
+    ("store_refused", "counter", "Conversations not stored: over max_stored_bytes_per_principal."),
+    ("store_dropped", "counter", "Conversations dropped to keep a principal within its bound."),
+    ("memory_bytes", "gauge", "Bytes WebSocket mode holds in this process (the memory budget)."),
+    ("memory_held_bytes", "gauge", "This middleware's part of the memory budget's use."),
+    ("memory_limit_bytes", "gauge", "The memory budget: Limits.max_memory_bytes."),
+    ("memory_peak_bytes", "gauge", "The most the memory budget has held."),
+    ("memory_refusals", "counter", "Work refused because the memory budget could not hold it."),
+)
 
 
 class Stats:
@@ -96,24 +133,14 @@ class Stats:
         for bound, count in zip(bounds, self.latency_buckets, strict=True):
             total += count
             cumulative.append((bound, total))
+        memory = self._memory()
+        numbers = {
+            key: memory[key] if key.startswith("memory_") else getattr(self, key)
+            for key, _kind, _help in METRICS
+            if not key.startswith("memory_") or key in memory
+        }
         return {
-            "connections_open": self.connections_open,
-            "connections_total": self.connections_total,
-            "connections_refused": self.connections_refused,
-            "turns": self.turns,
-            "turns_failed": self.turns_failed,
-            "warm_ups": self.warm_ups,
-            "cache_hits": self.cache_hits,
-            "cache_misses": self.cache_misses,
-            "cache_evictions": self.cache_evictions,
-            "bytes_received": self.bytes_received,
-            "bytes_saved": self.bytes_saved,
-            "store_hydrations": self.store_hydrations,
-            "store_writes": self.store_writes,
-            "store_failures": self.store_failures,
-            "store_refused": self.store_refused,
-            "store_dropped": self.store_dropped,
+            **numbers,
             "errors": dict(self.errors),
-            **self._memory(),
             "turn_latency": {"buckets": cumulative, "count": total, "sum": self.latency_sum},
         }
