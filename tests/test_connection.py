@@ -81,8 +81,3 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_gate_passes_it_on() -> Non
     _give_back(gate)
     assert not gate.held
     assert not gate.waiters
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

@@ -36,11 +36,6 @@ TERMINAL = {"response.completed", "response.incomplete", "response.failed", "err
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Sink:
     """Records what a HandlerCall hands on; finishes on a terminal event, like ResponseStream."""
 

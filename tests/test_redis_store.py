@@ -33,11 +33,6 @@ ALICE = "alice@example.com"
 BOB = "bob:{tenant}"  # the characters keys are made of, to show they do not matter
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
     with RedisServer() as running:
