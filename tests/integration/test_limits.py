@@ -44,7 +44,7 @@ def test_connection_lifetime_limit(server: Server, tag: str) -> None:
         started = time.monotonic()
         ws.send(create(tag, input="Hi", meta={"k": "0"}))
         completed_response(ws.until_terminal())
-        error = ws.recv(timeout=5)
+        error = ws.recv(timeout=30)  # a hang, not a speed
         elapsed = time.monotonic() - started
         assert error == {
             "type": "error",
@@ -57,7 +57,7 @@ def test_connection_lifetime_limit(server: Server, tag: str) -> None:
                 "param": None,
             },
         }
-        assert 0.8 < elapsed < 4
+        assert elapsed > 0.8  # not before the 1 s lifetime (an upper bound would be a speed)
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=5)
         assert closed.value.rcvd is not None
