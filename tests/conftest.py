@@ -1,4 +1,4 @@
-"""Shared test settings: hypothesis profiles, and the opt-in flag for slow runs."""
+"""Shared test settings: hypothesis profiles, the anyio backend, the opt-in flag for slow runs."""
 
 from __future__ import annotations
 
@@ -30,3 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Every `@pytest.mark.anyio` test runs on asyncio: the middleware serves under asyncio
+    servers (uvicorn, hypercorn, daphne), and trio is not a dependency."""
+    return "asyncio"

@@ -55,11 +55,6 @@ def test_a_response_the_budget_cannot_hold_is_not_cached_and_nothing_else_goes()
     assert "Limits.max_memory_bytes" in why
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_a_request_the_budget_cannot_hold_is_refused_and_the_rest_given_back() -> None:
     recorder = Recorder()

@@ -25,11 +25,6 @@ SERVER_EVENTS: dict[str, type[BaseModel]] = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Recorder:
     """A ResponseStream with everything it does recorded."""
 

@@ -101,11 +101,6 @@ def within(seconds: float, work: Callable[[], T], on_timeout: Callable[[], objec
     return outcome["value"]  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # The Starlette example.
 
 

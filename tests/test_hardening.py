@@ -35,6 +35,9 @@ class Handlers:
         self.produced = 0
         self.closed = threading.Event()
         self.release = asyncio.Event()
+        # "held": the handler says it started, then answers only once the test lets it go.
+        self.started = threading.Event()
+        self.let_go = threading.Event()
 
     async def respond(self, request: Request) -> Response:
         body = await request.json()
@@ -45,6 +48,10 @@ class Handlers:
             return StreamingResponse(self.firehose(), media_type="text/event-stream")
         if behaviour == "slow":
             await asyncio.sleep(float(body.get("metadata", {}).get("seconds", "0.5")))
+        if behaviour == "held":
+            self.started.set()
+            while not self.let_go.is_set():  # noqa: ASYNC110  (set from the test's thread)
+                await asyncio.sleep(0.01)
         item = {
             "type": "message",
             "role": "assistant",
@@ -206,9 +213,17 @@ def test_shutdown_lets_running_turns_finish_then_closes_with_1001(handlers: Hand
 
 
 def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> None:
+    # Each step waits for the one before it (no sleeps): on a loaded machine a fixed pause let
+    # the test connect before the drain began, and end while the drain request was still on
+    # its way (ECONNREFUSED in the drain thread, the server gone).
     holder: dict[str, WebSocketModeMiddleware] = {}
+    draining = threading.Event()
+    drained: list[httpx.Response] = []
 
     async def drain(request: Request) -> Response:
+        # drain() sets its flag before its first await, so by the time the loop serves
+        # anything else the middleware refuses new sockets.
+        draining.set()
         await holder["app"].drain()
         return Response("drained")
 
@@ -218,26 +233,29 @@ def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> 
             Route("/drain", drain, methods=["POST"]),
         ]
     )
-    app = holder["app"] = WebSocketModeMiddleware(inner, limits=Limits(shutdown_grace_seconds=5))
+    app = holder["app"] = WebSocketModeMiddleware(inner, limits=Limits(shutdown_grace_seconds=30))
     with serve(app) as base_url, connect(ws(base_url)) as socket_:
-        send(socket_, "slow", metadata={"seconds": "1.0"})
-        time.sleep(0.2)
-        drained = threading.Thread(
-            target=httpx.post, args=(base_url + "/drain",), kwargs={"timeout": 10}, daemon=True
+        send(socket_, "held")
+        assert handlers.started.wait(10)
+        drainer = threading.Thread(
+            target=lambda: drained.append(httpx.post(base_url + "/drain", timeout=30)),
+            daemon=True,
         )
-        drained.start()
-        time.sleep(0.2)
+        drainer.start()
+        assert draining.wait(10)
         with pytest.raises(InvalidStatus) as refused:
             connect(ws(base_url))
         assert refused.value.response.status_code == 426
         # A request sent while draining is refused; the running one finishes.
         send(socket_, "ok", stream_id="late")
-        events = [terminal(socket_), terminal(socket_)]
-        codes = {event["error"]["code"] for event in events if event["type"] == "error"}
-        assert codes == {"server_shutting_down"}
-        assert any(event["type"] == "response.completed" for event in events)
+        refusal = terminal(socket_)
+        assert refusal["type"] == "error"
+        assert refusal["error"]["code"] == "server_shutting_down"
+        handlers.let_go.set()
+        assert terminal(socket_)["type"] == "response.completed"
         assert close_code(socket_) == 1001
-        drained.join(10)
+        drainer.join(30)
+        assert [response.text for response in drained] == ["drained"]
 
 
 def _shaped(shape: str, handlers: Handlers, limits: Limits) -> tuple[Any, str]:

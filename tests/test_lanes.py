@@ -66,11 +66,6 @@ def lanes_for(recorder: Recorder, **limits: Any) -> Lanes:
     return Lanes(Limits(**limits), run=recorder.run, refuse=recorder.refuse)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_one_lane_runs_first_in_first_out_and_never_overlaps() -> None:
     recorder = Recorder()

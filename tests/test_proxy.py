@@ -453,7 +453,9 @@ def test_upstream_dying_mid_stream_is_an_error_event_502(storing_proxy: str) -> 
 
 
 def _wait_aborted(storing: str, response_id: str) -> None:
-    deadline = time.monotonic() + 5.0
+    """Until the upstream lists `response_id` as cut short. It lists only streams that did not
+    reach their end, so being listed is the proof; the deadline catches a hang, not a speed."""
+    deadline = time.monotonic() + 30.0
     while response_id not in httpx.get(storing + "/debug/aborted", timeout=RECV).json():
         assert time.monotonic() < deadline, f"the upstream stream of {response_id} ran on"
         time.sleep(0.05)
@@ -465,15 +467,11 @@ def test_a_client_that_leaves_closes_the_upstream_stream(storing_proxy: str, sto
         stream = client.responses.create(model="m", input="hi", metadata=slow, stream=True)
         first = next(iter(stream))
         stream.close()
-        started = time.monotonic()
         _wait_aborted(storing, first.response.id)
-        assert time.monotonic() - started < 2.0
         with client.responses.connect() as conn:
             conn.response.create(model="m", input="hi", metadata=slow)
             first = sdk_recv(conn, RECV)
-        started = time.monotonic()
         _wait_aborted(storing, first.response.id)
-        assert time.monotonic() - started < 2.0
 
 
 # ----------------------------------------------------------------------------- over plain HTTP

@@ -33,11 +33,6 @@ ALICE = "alice@example.com"
 BOB = "bob:{tenant}"  # the characters keys are made of, to show they do not matter
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
     with RedisServer() as running:
@@ -246,7 +241,10 @@ async def assert_every_call_fails_fast(store: RedisStore) -> None:
         started = time.monotonic()
         with pytest.raises((RedisError, TimeoutError)):
             await call()
-        assert time.monotonic() - started < 3
+        # A hang, not a speed: the callers' deadlines are under a second and a refused
+        # connection fails at once; without them a frozen Redis blocks the call forever. The
+        # bound stays under the 10 s default write deadline, so waiting it out still fails.
+        assert time.monotonic() - started < 8
 
 
 async def test_a_stopped_redis_fails_each_call_fast_and_a_restarted_one_serves_again(

@@ -452,11 +452,6 @@ def test_steering_can_be_switched_off() -> None:
     assert len(model.inputs) == 1
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_a_response_compacting_automatically_cannot_be_steered(served: tuple[Model, str]) -> None:
     model, base_url = served
     url = base_url.replace("http", "ws", 1) + "/responses"

@@ -103,11 +103,6 @@ async def any_store(
     await opened.aclose()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_ancestors_follow_parent_links_and_skip_forks(any_store: ResponseStore) -> None:
     def record(id: str, parent: StoredResponse | None = None) -> StoredResponse:

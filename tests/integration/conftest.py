@@ -28,8 +28,3 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
 def tag() -> str:
     """A tag of this test's calls in the recorder (`metadata.tag`)."""
     return new_tag()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

@@ -45,13 +45,17 @@ def test_turns_stream_incrementally_through_the_app_middleware(stacked: Server, 
         started = time.monotonic()
         ws.send(create(tag, input="Hi", meta={"k": "0", "deltas": "4", "delay": "0.1"}))
         first = ws.recv()
-        first_after = time.monotonic() - started
+        first_at = time.monotonic()
         events = [first, *ws.until_terminal()]
         total = time.monotonic() - started
     assert events[0]["type"] == "response.created"
     assert completed_response(events)
     assert total > 0.8  # ten events 100 ms apart
-    assert first_after < total / 2  # not buffered until the end
+    # Not buffered until the end: the first event reached the client before the handler's
+    # stream ended (an ordering, which a loaded machine cannot turn around).
+    [call] = stacked.recorder.settled(tag, 1, timeout=30)
+    assert call.ended is not None
+    assert first_at < call.ended
 
 
 def test_leaving_mid_stream_cancels_the_handler_through_the_app_middleware(
@@ -62,10 +66,11 @@ def test_leaving_mid_stream_cancels_the_handler_through_the_app_middleware(
         while ws.recv()["type"] != "response.output_text.delta":
             pass
         left = time.monotonic()
-    [call] = stacked.recorder.settled(tag, 1, timeout=3)
+    # The slow handler streams forever: the bounds catch a hang, not a speed.
+    [call] = stacked.recorder.settled(tag, 1, timeout=30)
     assert call.exit in ("cancelled", "closed")
     assert call.ended is not None
-    assert call.ended - left < 2.0
+    assert call.ended - left < 30
 
 
 @pytest.mark.parametrize("model", ["raise-before", "raise-during"])

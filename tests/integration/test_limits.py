@@ -44,7 +44,7 @@ def test_connection_lifetime_limit(server: Server, tag: str) -> None:
         started = time.monotonic()
         ws.send(create(tag, input="Hi", meta={"k": "0"}))
         completed_response(ws.until_terminal())
-        error = ws.recv(timeout=5)
+        error = ws.recv(timeout=30)  # a hang, not a speed
         elapsed = time.monotonic() - started
         assert error == {
             "type": "error",
@@ -57,7 +57,7 @@ def test_connection_lifetime_limit(server: Server, tag: str) -> None:
                 "param": None,
             },
         }
-        assert 0.8 < elapsed < 4
+        assert elapsed > 0.8  # not before the 1 s lifetime (an upper bound would be a speed)
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=5)
         assert closed.value.rcvd is not None
@@ -81,7 +81,7 @@ def test_connection_lifetime_limit_cancels_a_running_turn(server: Server, tag: s
     errors = [event for event in events if event["type"] == "error"]
     assert [error["error"]["code"] for error in errors] == ["websocket_connection_limit_reached"]
     assert events[-1] is errors[0]
-    [call] = server.recorder.settled(tag, 1, timeout=3)
+    [call] = server.recorder.settled(tag, 1, timeout=30)
     assert call.exit in ("cancelled", "closed")
 
 
@@ -145,7 +145,7 @@ def test_client_leaving_mid_stream_cancels_the_handler(server: Server, tag: str,
 
 
 def check_leaving_mid_stream(server: Server, http: httpx.Client, tag: str, how: str) -> None:
-    assert wait_until(lambda: not ws_mode_tasks(http)[1], timeout=5), ws_mode_tasks(http)
+    assert wait_until(lambda: not ws_mode_tasks(http)[1], timeout=30), ws_mode_tasks(http)
     baseline, _ = ws_mode_tasks(http)
     with server.raw() as ws:
         ws.send(create(tag, "slow", input="Hi", stream_id="a"))
@@ -162,13 +162,14 @@ def check_leaving_mid_stream(server: Server, http: httpx.Client, tag: str, how: 
         left = time.monotonic()
         if how == "drop":
             _drop(ws)
-    calls = server.recorder.settled(tag, 2, timeout=3)
+    # The slow handlers stream forever: the bounds here catch a hang, not a speed.
+    calls = server.recorder.settled(tag, 2, timeout=30)
     for call in calls:
         assert call.exit in ("cancelled", "closed")
         assert call.ended is not None
-        assert call.ended - left < 2.0
+        assert call.ended - left < 30
     # Nothing of the connection is left in the server's loop.
-    assert wait_until(lambda: ws_mode_tasks(http)[0] <= baseline, timeout=5), (
+    assert wait_until(lambda: ws_mode_tasks(http)[0] <= baseline, timeout=30), (
         baseline,
         ws_mode_tasks(http),
     )
@@ -183,7 +184,8 @@ async def test_async_sdk_leaving_mid_stream_cancels_the_handler(server: Server, 
         while deltas < 3:
             deltas += (await async_recv(conn)).type == "response.output_text.delta"
         left = time.monotonic()
-    calls = server.recorder.settled(tag, 1, timeout=3)
+    # The slow handler streams forever: the bounds here catch a hang, not a speed.
+    calls = server.recorder.settled(tag, 1, timeout=30)
     assert calls[0].exit in ("cancelled", "closed")
     assert calls[0].ended is not None
-    assert calls[0].ended - left < 2.0
+    assert calls[0].ended - left < 30
