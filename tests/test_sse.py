@@ -342,3 +342,15 @@ def test_with_data_replaces_only_the_data_lines() -> None:
     (block,) = SSEBlocks().feed(b'id: 1\r\nevent: e\r\ndata: {"a":\r\n: c\r\ndata:1}\r\n\r\n')
     assert block.with_data(b'{"a":2}') == b'id: 1\r\nevent: e\r\ndata: {"a":2}\r\n: c\r\n\r\n'
     assert block.with_data(b"x\ny") == b"id: 1\r\nevent: e\r\ndata: x\r\ndata: y\r\n: c\r\n\r\n"
+
+
+def test_one_event_stream_check_for_every_path() -> None:
+    # The handler call, stateful HTTP and the proxy all decide "is this an event stream" here.
+    from ws_mode.sse import content_type, is_event_stream
+
+    headers = [(b"X-A", b"1"), (b"Content-Type", b"Text/Event-Stream; charset=utf-8")]
+    assert content_type(headers) == b"text/event-stream; charset=utf-8"
+    assert is_event_stream(content_type(headers))
+    assert not is_event_stream(content_type([(b"content-type", b"application/json")]))
+    assert content_type([]) == b""
+    assert not is_event_stream(b"")

@@ -20,7 +20,7 @@ from .events import lifecycle_events
 from .headers import end_to_end, header
 from .logs import for_log
 from .protocol import error_event, server_error
-from .sse import SSEDecoder
+from .sse import SSEDecoder, content_type, is_event_stream
 
 __all__ = [
     "ClientGone",
@@ -195,12 +195,8 @@ class HandlerCall:
             if self.status is not None:
                 raise RuntimeError("The handler sent 'http.response.start' twice.")
             self.status = int(message["status"])
-            content_type = b""
-            for name, value in message.get("headers", ()):
-                if name.lower() == b"content-type":
-                    content_type = value.lower()
-            self._content_type = content_type
-            self._streaming = self.status < 300 and content_type.startswith(b"text/event-stream")
+            self._content_type = content_type(message.get("headers", ()))
+            self._streaming = self.status < 300 and is_event_stream(self._content_type)
         # Other messages (trailers, extensions we did not offer) carry nothing for the client.
 
     async def _finish(self) -> None:

@@ -10,14 +10,37 @@ same rules while keeping the bytes, for a middleware that passes a stream on as 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
-__all__ = ["SSEBlock", "SSEBlocks", "SSEDecoder", "SSEEvent", "encode_sse"]
+__all__ = [
+    "SSEBlock",
+    "SSEBlocks",
+    "SSEDecoder",
+    "SSEEvent",
+    "content_type",
+    "encode_sse",
+    "is_event_stream",
+]
 
 _BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def content_type(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The `content-type` of an ASGI header list, lowercased (b"" when there is none)."""
+    found = b""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            found = value.lower()
+    return found
+
+
+def is_event_stream(kind: bytes) -> bool:
+    """Whether a lowercased content type (`content_type`) is an event stream."""
+    return kind.startswith(b"text/event-stream")
 
 
 def encode_sse(event: dict[str, Any]) -> bytes:

@@ -49,7 +49,7 @@ from .protocol import (
     quoted_id,
 )
 from .settings import Settings
-from .sse import SSEBlock, SSEBlocks
+from .sse import SSEBlock, SSEBlocks, content_type, is_event_stream
 from .store import ResponseStore, StoredResponse
 from .tap import ResponseTap
 from .turn import turn
@@ -219,11 +219,8 @@ class _Watcher:
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            kind = b""
-            for name, value in message.get("headers", ()):
-                if name.lower() == b"content-type":
-                    kind = value.lower()
-            if message["status"] < 300 and kind.startswith(b"text/event-stream"):
+            kind = content_type(message.get("headers", ()))
+            if message["status"] < 300 and is_event_stream(kind):
                 self._blocks = SSEBlocks()
                 # An echo may change the stream's length.
                 message = {**message, "headers": _without_length(message.get("headers", ()))}

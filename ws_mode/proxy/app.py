@@ -34,6 +34,7 @@ from ws_mode.proxy.upstream import (
     log_failure,
     public_url,
 )
+from ws_mode.sse import content_type, is_event_stream
 
 __all__ = ["API_PREFIX", "ResponsesProxy", "create_proxy"]
 
@@ -270,10 +271,7 @@ async def _answer(
     """Stream the upstream's answer to the client, chunk by chunk as it arrives."""
     headers, decoder = answer_headers(answer.headers)
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-    event_stream = any(
-        name == b"content-type" and value.lower().startswith(b"text/event-stream")
-        for name, value in headers
-    )
+    event_stream = is_event_stream(content_type(headers))
     tail = b"\n\n"  # the last bytes sent: is the stream between two events?
     try:
         async for chunk in answer.chunks():
