@@ -345,3 +345,14 @@ def test_turn_refuses_junk(junk: Any) -> None:
 def test_turn_refuses_an_object_whose_scope_is_junk() -> None:
     with pytest.raises(TypeError):
         turn(DjangoLikeRequest("not a scope"))  # type: ignore[arg-type]
+
+
+def test_one_fragment_join_builds_every_body() -> None:
+    # The socket's full context and stateful HTTP's stored conversation both use it.
+    import orjson
+
+    from ws_mode.items import with_input
+
+    body = with_input(b'{"model":"m"}', [b'{"a":1}', b'{"b":2},{"c":3}'])
+    assert orjson.loads(body) == {"model": "m", "input": [{"a": 1}, {"b": 2}, {"c": 3}]}
+    assert orjson.loads(with_input(b"{}", [])) == {"input": []}

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Items", "encode_items"]
+__all__ = ["Items", "encode_items", "with_input"]
 
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
@@ -67,3 +67,22 @@ class Items:
     def __repr__(self) -> str:
         form = "decoded" if self.decoded else "encoded"
         return f"<Items {form}>"
+
+
+def with_input(head: bytes, fragments: list[bytes]) -> bytes:
+    """`head`, an encoded object, with `"input": [...]` made of the encoded item `fragments`
+    added last: the one way a request body is assembled from fragments (a socket turn's
+    full context, stateful HTTP's stored conversation).
+
+    One join of all the pieces: the history is copied once, into the body (joining the
+    fragments first would copy it twice, and make the allocator hand a history-sized block
+    back and forth every turn)."""
+    opening = b'{"input":[' if head == b"{}" else head[:-1] + b',"input":['
+    pieces = [opening]
+    for fragment in fragments:
+        pieces.append(fragment)
+        pieces.append(b",")
+    if fragments:
+        pieces.pop()
+    pieces.append(b"]}")
+    return b"".join(pieces)

@@ -31,7 +31,7 @@ from .auth import AuthenticationFailed, authenticate, challenge, failure_code
 from .client_events import may_store, store_problem, text_input
 from .frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from .handler_call import replay_body
-from .items import encode_items
+from .items import encode_items, with_input
 from .logs import for_log
 from .persistence import (
     HYDRATE_SECONDS,
@@ -316,8 +316,7 @@ def _full_request(body: dict[str, Any], chain: list[StoredResponse], new_items: 
     parts = [part for record in chain for part in (record.input, record.output) if part]
     if new_items:
         parts.append(new_items)
-    head = orjson.dumps(fields)[:-1]
-    return b"".join((head, b"," if fields else b"", b'"input":[', b",".join(parts), b"]}"))
+    return with_input(orjson.dumps(fields), parts)
 
 
 async def _body(receive: Receive, limit: int) -> bytes | None:

@@ -10,7 +10,7 @@ import orjson
 
 from .cache import CachedResponse
 from .client_events import CreateEvent
-from .items import Items
+from .items import Items, with_input
 from .steering import SteerInbox
 from .tokens import Tokens
 
@@ -195,26 +195,9 @@ def build_body(
             fields["input"] = create.input_text
         elif create.input_sent or previous is not None:
             # The items are encoded already: join them in rather than encode them again.
-            return _with_input(orjson.dumps(fields), [new_fragment] if new_fragment else [])
+            return with_input(orjson.dumps(fields), [new_fragment] if new_fragment else [])
         return orjson.dumps(fields)
     fragments = previous.context_fragments()
     if new_fragment:
         fragments.append(new_fragment)
-    return _with_input(orjson.dumps(create.fields), fragments)
-
-
-def _with_input(head: bytes, fragments: list[bytes]) -> bytes:
-    """`head`, an encoded object, with `"input": [...]` made of `fragments` added last.
-
-    One join of all the pieces: the history is copied once, into the body (joining the
-    fragments first would copy it twice, and make the allocator hand a history-sized block
-    back and forth every turn)."""
-    # `fields` always holds `stream`, so `head` is a non-empty object: `{...}`.
-    pieces = [head[:-1] + b',"input":[']
-    for fragment in fragments:
-        pieces.append(fragment)
-        pieces.append(b",")
-    if fragments:
-        pieces.pop()
-    pieces.append(b"]}")
-    return b"".join(pieces)
+    return with_input(orjson.dumps(create.fields), fragments)
