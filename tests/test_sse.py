@@ -354,3 +354,15 @@ def test_one_event_stream_check_for_every_path() -> None:
     assert not is_event_stream(content_type([(b"content-type", b"application/json")]))
     assert content_type([]) == b""
     assert not is_event_stream(b"")
+
+
+def test_an_event_from_a_whole_chunk_gets_its_data_replaced_too() -> None:
+    # A chunk of whole LF-framed events is cut at its blank lines (one piece per event, not
+    # per line): replacing the data must still find the data line inside the piece. Stateful
+    # HTTP's echo of previous_response_id was lost on every event after such a chunk.
+    blocks = SSEBlocks()
+    blocks.feed(b"data: {}\n\n")  # the stream has started: the next whole chunk is cut fast
+    (comment, event) = blocks.feed(b': ping\n\n:\nid: 1\nevent: e\ndata: {"a":1}\n\n')
+    assert event.event is not None
+    assert event.with_data(b'{"a":2}') == b':\nid: 1\nevent: e\ndata: {"a":2}\n\n'
+    assert comment.event is None

@@ -195,7 +195,9 @@ class SSEBlock:
         it, where the first one was, with that line's end); every other line as it was."""
         out: list[bytes] = []
         replaced = False
-        for line in self.lines:
+        # `lines` may hold a whole event as one piece (`SSEBlocks`' path for whole chunks):
+        # bytes.splitlines ends lines at CR, LF and CRLF, as the event-stream rules do.
+        for line in self.raw.splitlines(keepends=True):
             content = line.rstrip(b"\r\n")
             if content.partition(b":")[0] != b"data":
                 out.append(line)
