@@ -128,6 +128,7 @@ def test_module_says_what_it_is(name: str) -> None:
 
 
 def in_library(name: str) -> bool:
+    """Whether `name` is a library module, not the toolkit's (see TOOLKIT)."""
     parts = name.split(".")
     if len(parts) > 1 and parts[1] in TOOLKIT:
         return False
@@ -234,7 +235,7 @@ def test_the_library_imports_the_toolkit_only_where_the_page_says() -> None:
         name: {target for target in GRAPH[name] if not in_library(target)} for name in LIBRARY
     }
     assert {name: found for name, found in borrowed.items() if found} == BORROWED, (
-        "the library imports the toolkit beyond what docs/architecture.md states"
+        "the library's imports of the toolkit are not BORROWED, which the page states"
     )
     for name, targets in BORROWED.items():
         for target in targets:
