@@ -1,9 +1,11 @@
 """The layout holds: no import cycles, each module says what it is (a long one, why it is one
-concept), and the core never imports its tools."""
+concept), the core never imports its tools, and docs/architecture.md names every library module
+and the direction of their imports as the import graph has them."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,16 @@ MAX_LINES = 800
 #: Subpackages that are tools around the core; the core (every top-level module) never
 #: imports them.
 TOOLS = ("bench", "cli", "reference", "testing", "tools")
+#: The toolkit: these subpackages, and `ws-mode check`'s probes (`ws_mode.testing.live*`); the
+#: rest of `ws_mode.testing` is the library's compatibility kit.
+TOOLKIT = ("bench", "cli", "reference", "tools")
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+#: The library's only imports of the toolkit (docs/architecture.md states them): the kit drives
+#: its socket with the tools' client and serves the app with their loopback server.
+BORROWED = {
+    "ws_mode.testing.check": {"ws_mode.tools.loopback"},
+    "ws_mode.testing.run": {"ws_mode.tools.clients"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -113,3 +125,119 @@ def test_module_says_what_it_is(name: str) -> None:
         assert "one concept" in docstring, (
             f"{name} is long: its docstring says why it is one concept"
         )
+
+
+def in_library(name: str) -> bool:
+    """Whether `name` is a library module, not the toolkit's (see TOOLKIT)."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in TOOLKIT:
+        return False
+    return not (len(parts) > 2 and parts[1] == "testing" and parts[2].startswith("live"))
+
+
+LIBRARY = sorted(name for name in MODULES if in_library(name))
+#: How docs/architecture.md names a module: its path inside ws_mode/ (`proxy/app.py`).
+FILE_OF = {name: MODULES[name].relative_to(PACKAGE).as_posix() for name in MODULES}
+MODULE_OF = {file: name for name, file in FILE_OF.items()}
+NAMED = re.compile(r"`([\w/]+\.py)`")
+LAYERS_MARK = "<!-- layers:"
+
+
+def table_modules(doc: str) -> list[str]:
+    """The files the doc's tables name in their first column (`cache.py`, `proxy/app.py`)."""
+    return [
+        file
+        for line in doc.splitlines()
+        if line.startswith("| `")
+        for file in NAMED.findall(line.split("|")[1])
+    ]
+
+
+def layers(doc: str) -> list[list[str]]:
+    """The doc's dependency list: the list items after the layers mark, bottom layer first."""
+    lines = doc.split(LAYERS_MARK, 1)[1].splitlines()[1:]
+    items = [line for line in lines[: lines.index("")] if line.startswith("- ")]
+    return [NAMED.findall(line.split(":", 1)[0]) for line in items]
+
+
+def missing_from(doc: str) -> list[str]:
+    """Library modules the doc's module tables or its dependency list leave out."""
+    tabled, listed = set(table_modules(doc)), {f for layer in layers(doc) for f in layer}
+    return [
+        f"{FILE_OF[name]} is missing from docs/architecture.md's {where}"
+        for name in LIBRARY
+        for where, named in (("module tables", tabled), ("dependency list", listed))
+        if FILE_OF[name] not in named
+    ]
+
+
+def unknown_in(doc: str) -> list[str]:
+    """Files the doc's tables or dependency list name that are no library module."""
+    named = table_modules(doc) + [f for layer in layers(doc) for f in layer]
+    return [
+        f"docs/architecture.md names {file}, which is no library module"
+        for file in dict.fromkeys(named)
+        if file not in MODULE_OF or not in_library(MODULE_OF[file])
+    ]
+
+
+def against_the_order(doc: str) -> list[str]:
+    """Imports that break the doc's order: each module imports only modules of lower layers."""
+    layer_of: dict[str, int] = {}
+    problems = []
+    for index, layer in enumerate(layers(doc)):
+        for file in layer:
+            if file in layer_of:
+                problems.append(f"{file} is listed twice in docs/architecture.md's dependency list")
+            layer_of[file] = index
+    for file, index in layer_of.items():
+        for target in sorted(GRAPH.get(MODULE_OF.get(file, ""), ())):
+            wrong = layer_of.get(FILE_OF[target], -1) >= index and in_library(target)
+            if wrong:
+                where = "its own line" if layer_of[FILE_OF[target]] == index else "a line below"
+                problems.append(f"{file} imports {FILE_OF[target]}, listed on {where}")
+    return problems
+
+
+DOC = ARCHITECTURE.read_text()
+
+
+def test_the_architecture_page_names_every_library_module() -> None:
+    assert len(LIBRARY) > 40
+    assert "ws_mode.testing.live" not in LIBRARY
+    assert "ws_mode.testing.check" in LIBRARY
+    problems = missing_from(DOC) + unknown_in(DOC)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_architecture_page_states_the_direction_of_imports() -> None:
+    assert len(layers(DOC)) > 10
+    problems = against_the_order(DOC)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_architecture_checks_catch_a_page_that_lies() -> None:
+    row = next(line for line in DOC.splitlines() if line.startswith("| `tap.py`"))
+    assert missing_from(DOC.replace(row + "\n", "")) == [
+        "tap.py is missing from docs/architecture.md's module tables"
+    ]
+    assert unknown_in(DOC.replace("| `tap.py`", "| `tapped.py`")) == [
+        "docs/architecture.md names tapped.py, which is no library module"
+    ]
+    # events.py imports tap.py: listing them the other way round breaks the order.
+    swapped = DOC.replace("- `tap.py`, `turn.py`", "- `turn.py`\n- `events.py`")
+    swapped = swapped.replace("- `events.py`, `settings.py`", "- `tap.py`, `settings.py`")
+    assert "events.py imports tap.py, listed on a line below" in against_the_order(swapped)
+
+
+def test_the_library_imports_the_toolkit_only_where_the_page_says() -> None:
+    borrowed = {
+        name: {target for target in GRAPH[name] if not in_library(target)} for name in LIBRARY
+    }
+    assert {name: found for name, found in borrowed.items() if found} == BORROWED, (
+        "the library's imports of the toolkit are not BORROWED, which the page states"
+    )
+    for name, targets in BORROWED.items():
+        for target in targets:
+            assert f"`{FILE_OF[name]}`" in DOC
+            assert f"`{FILE_OF[target]}`" in DOC
