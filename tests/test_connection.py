@@ -1,13 +1,17 @@
 """The connection's send gate: one send at a time on the socket, in order, whatever the
-lanes and cancellations do (`ws_mode.connection._SendGate`, taken once per event)."""
+lanes and cancellations do (`ws_mode.connection._SendGate`, taken once per event); and its
+close, whose frame a peer that stopped reading may never take."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from ws_mode.connection import _SendGate
+from ws_mode import Limits, WebSocketModeMiddleware
+from ws_mode.asgi import Message
+from ws_mode.connection import Connection, _SendGate
 
 
 async def _take(gate: _SendGate) -> None:
@@ -81,3 +85,31 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_gate_passes_it_on() -> Non
     _give_back(gate)
     assert not gate.held
     assert not gate.waiters
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("no turn runs here")
+
+
+@pytest.mark.anyio
+async def test_sending_the_close_frame_is_bounded_by_close_timeout_seconds() -> None:
+    # Longer than the 1 s default: a timeout never fires early, so the wait shows the bound.
+    middleware = WebSocketModeMiddleware(_no_app, limits=Limits(close_timeout_seconds=1.5))
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        await asyncio.Event().wait()  # a peer that never takes the frame
+
+    scope = {"type": "websocket", "path": "/v1/responses", "headers": []}
+    connection = Connection(middleware.settings, scope, receive, send)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(connection.drain(0.0), 10)  # 10 s: a hang, not a speed
+    elapsed = loop.time() - started
+    assert [message["type"] for message in sent] == ["websocket.close"]
+    assert 1.5 <= elapsed < 6  # the bound set, not the 1 s default, nor forever

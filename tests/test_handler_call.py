@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from ws_mode import Limits
 from ws_mode.events import ResponseStream
 from ws_mode.handler_call import (
     ClientGone,
@@ -136,7 +137,12 @@ WS_SCOPE: dict[str, Any] = {
 }
 
 
-def make_call(app: App, sink: Any, request_body: bytes = b'{"stream":true}') -> HandlerCall:
+def make_call(
+    app: App,
+    sink: Any,
+    request_body: bytes = b'{"stream":true}',
+    max_buffered: int = Limits().max_buffered_answer_bytes,
+) -> HandlerCall:
     scope = http_scope(
         WS_SCOPE,
         path="/v1/responses",
@@ -144,7 +150,7 @@ def make_call(app: App, sink: Any, request_body: bytes = b'{"stream":true}') -> 
         body_length=len(request_body),
         extension="the turn",
     )
-    return HandlerCall(app, scope, request_body, sink)
+    return HandlerCall(app, scope, request_body, sink, max_buffered=max_buffered)
 
 
 def response_object(**overrides: Any) -> dict[str, Any]:
@@ -655,6 +661,23 @@ async def test_4xx_long_text_body_is_cut() -> None:
     assert event["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.anyio
+async def test_an_answer_read_whole_is_bounded_by_max_buffered_answer_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = Sink()
+    await make_call(json_app(b"x" * 100, status=400), sink, max_buffered=100).run()
+    (event,) = sink.events
+    assert (event["status"], event["error"]["message"]) == (400, "x" * 100)
+
+    sink = Sink()
+    with caplog.at_level(logging.ERROR, logger="ws_mode.handler_call"):
+        await make_call(json_app(b"x" * 101, status=400), sink, max_buffered=100).run()
+    (event,) = sink.events
+    assert (event["status"], event["error"]["code"]) == (500, "server_error")
+    assert "larger than ws_mode accepts" in caplog.text
+
+
 # --- handler failures --------------------------------------------------------------------------
 
 
@@ -857,7 +880,7 @@ async def test_starlette_json_and_error_handlers() -> None:
         WS_SCOPE, path="/fail", headers=handler_headers(WS_SCOPE), body_length=2, extension=None
     )
     sink = Sink()
-    await HandlerCall(app, scope, b"{}", sink).run()
+    await HandlerCall(app, scope, b"{}", sink, max_buffered=1024).run()
     assert sink.events == [
         {
             "type": "error",

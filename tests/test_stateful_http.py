@@ -3,7 +3,9 @@ the same responses the sockets use."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +13,9 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from ws_mode import ConfigError, WebSocketModeMiddleware
+from ws_mode import ConfigError, Limits, WebSocketModeMiddleware
 from ws_mode.reference import ReferenceConfig, create_app
-from ws_mode.store import MemoryStore
+from ws_mode.store import MemoryStore, StoredResponse
 from ws_mode.tools.loopback import ServerThread
 
 from .principals import by_bearer_token
@@ -144,6 +146,39 @@ def test_the_socket_and_http_continue_each_others_responses(running: Running) ->
         ):
             pass
     assert event["type"] == "response.completed", event
+
+
+class HangingStore(MemoryStore):
+    """A store whose reads and deletes never answer."""
+
+    async def get(self, principal: str, response_id: str) -> StoredResponse | None:
+        await asyncio.sleep(3600)
+        return None
+
+    async def delete(self, principal: str, response_id: str) -> bool:
+        await asyncio.sleep(3600)
+        return False
+
+
+def test_get_and_delete_answer_503_once_store_read_seconds_passed() -> None:
+    app = WebSocketModeMiddleware(
+        create_app(ReferenceConfig()),
+        store=HangingStore(),
+        stateful_http=True,
+        authenticate=by_bearer_token,
+        limits=Limits(store_read_seconds=0.3),
+    )
+    with (
+        ServerThread(app) as base_url,
+        httpx.Client(base_url=base_url, headers=KEY, timeout=10) as client,
+    ):
+        for method in ("GET", "DELETE"):
+            started = time.monotonic()
+            answer = client.request(method, "/v1/responses/resp_hung")
+            elapsed = time.monotonic() - started
+            assert answer.status_code == 503, method
+            assert answer.json()["error"]["code"] == "store_unavailable"
+            assert 0.3 <= elapsed < 4  # the bound set, not the 5 s default
 
 
 def test_stateful_http_needs_a_store() -> None:

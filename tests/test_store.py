@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from ws_mode import ConfigError, WebSocketModeMiddleware
-from ws_mode import persistence as persistence_module
+from ws_mode import ConfigError, Limits, WebSocketModeMiddleware
 from ws_mode.items import encode_items
 from ws_mode.reference import ReferenceConfig, create_app
 from ws_mode.store import MemoryStore, StoredResponse, chain_of
@@ -112,12 +111,12 @@ class Workers:
     """Two servers of the same stateless app, each with its own middleware (its own
     connection caches), sharing one store: two workers behind a load balancer."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, limits: Limits | None = None) -> None:
         self.store = store
         app = create_app(ReferenceConfig(tool_calls=3, answer_tokens=4))
         self.http_app = app
         self.middlewares = [
-            WebSocketModeMiddleware(app, store=store, authenticate=by_bearer_token)
+            WebSocketModeMiddleware(app, store=store, authenticate=by_bearer_token, limits=limits)
             for _ in range(2)
         ]
         self.servers = [ServerThread(middleware) for middleware in self.middlewares]
@@ -250,13 +249,10 @@ class FailingStore(MemoryStore):
 
 
 @pytest.mark.parametrize("hang", [False, True])
-def test_a_store_that_fails_gives_clear_errors_and_the_socket_goes_on(
-    monkeypatch: pytest.MonkeyPatch, hang: bool
-) -> None:
-    monkeypatch.setattr(persistence_module, "HYDRATE_SECONDS", 0.3)
-    monkeypatch.setattr(persistence_module, "WRITE_SECONDS", 0.3)
+def test_a_store_that_fails_gives_clear_errors_and_the_socket_goes_on(hang: bool) -> None:
     store = FailingStore(hang=hang)
-    with Workers(store) as running:
+    limits = Limits(store_read_seconds=0.3, store_write_seconds=0.3)
+    with Workers(store, limits) as running:
         with running.socket(0) as a:
             first = turn_over(a, input="Hello")["response"]  # the write fails quietly
             again = turn_over(a, input=answers(first), previous_response_id=first["id"])

@@ -10,13 +10,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
 
 from ws_mode import Limits, WebSocketModeMiddleware
-from ws_mode import after_response as after_response_module
 from ws_mode import persistence as persistence_module
 from ws_mode.persistence import load_chain
 from ws_mode.redis_store import RedisStore
@@ -52,18 +52,18 @@ def raw(server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture
-def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Work after a response gets 0.1 s once its socket closed (5 s by default): a store
-    write must not depend on it."""
-    monkeypatch.setattr(after_response_module, "AFTER_RESPONSE_GRACE", 0.1)
+#: Work after a response gets 0.1 s once its socket closed (5 s by default): a store write
+#: must not depend on it.
+SHORT_GRACE = Limits(after_response_grace_seconds=0.1)
 
 
 def test_clients_leaving_while_redis_stalls_lose_no_stored_response(
-    server: RedisServer, raw: redis.Redis, short_grace: None
+    server: RedisServer, raw: redis.Redis
 ) -> None:
     store = RedisStore(server.url)
-    middleware = WebSocketModeMiddleware(reference(), store=store, authenticate=who)
+    middleware = WebSocketModeMiddleware(
+        reference(), store=store, authenticate=who, limits=SHORT_GRACE
+    )
     with serve(ClosingStore(middleware, store)) as base_url:
         turn(base_url, input="Open the pool.")  # connects the pool before Redis stalls
         assert wait_for(lambda: middleware.stats.store_writes == 1)
@@ -100,10 +100,12 @@ class HangingStore(MemoryStore):
 
 
 def test_a_write_that_cannot_land_is_counted_and_logged_after_its_client_left(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, short_grace: None
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(persistence_module, "WRITE_SECONDS", 0.5)
-    middleware = WebSocketModeMiddleware(reference(), store=HangingStore(), authenticate=who)
+    limits = replace(SHORT_GRACE, store_write_seconds=0.5)
+    middleware = WebSocketModeMiddleware(
+        reference(), store=HangingStore(), authenticate=who, limits=limits
+    )
     with (
         caplog.at_level(logging.WARNING, logger="ws_mode.persistence"),
         serve(middleware) as base_url,
@@ -124,7 +126,7 @@ def test_a_cancelled_write_is_counted_and_logged(caplog: pytest.LogCaptureFixtur
             id="resp_cut", parent_id=None, chain_id="resp_cut", input=b"", output=b"",
             response=b"{}",
         )  # fmt: skip
-        task = persistence_module.start_write(HangingStore(), stats, "p", record)
+        task = persistence_module.start_write(HangingStore(), stats, "p", record, seconds=15.0)
         await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -149,9 +151,11 @@ class SlowStore(MemoryStore):
         return await super().put(principal, record)
 
 
-def test_the_lifespan_shutdown_waits_for_a_pending_write(short_grace: None) -> None:
+def test_the_lifespan_shutdown_waits_for_a_pending_write() -> None:
     store = SlowStore(0.5)
-    middleware = WebSocketModeMiddleware(reference(), store=store, authenticate=who)
+    middleware = WebSocketModeMiddleware(
+        reference(), store=store, authenticate=who, limits=SHORT_GRACE
+    )
     with serve(middleware, lifespan="on") as base_url:
         response = turn(base_url, input="Hello")["response"]
         assert len(store) == 0  # the write is under way as the server shuts down
@@ -172,20 +176,47 @@ def test_drain_waits_for_the_writes_under_way() -> None:
             id="resp_d", parent_id=None, chain_id="resp_d", input=b"", output=b"",
             response=b"{}",
         )  # fmt: skip
-        persistence_module.start_write(store, middleware.stats, "p", record)
+        persistence_module.start_write(store, middleware.stats, "p", record, seconds=15.0)
         await middleware.drain()
         return len(store), persistence_module.pending_writes()
 
     assert asyncio.run(scenario()) == (1, 0)
 
 
-def test_a_continuation_on_another_worker_before_the_write_landed_succeeds(
-    short_grace: None,
-) -> None:
+def test_drain_waits_at_most_store_write_seconds() -> None:
+    """The drain's wait for the writes under way is the middleware's `store_write_seconds`,
+    even for a write that may take longer (one of another middleware of the process)."""
+
+    async def scenario() -> tuple[float, int, int]:
+        store = SlowStore(30.0)
+        limits = Limits(store_write_seconds=0.3)
+        middleware = WebSocketModeMiddleware(
+            reference(), store=store, authenticate=who, limits=limits
+        )
+        record = StoredResponse(
+            id="resp_slow", parent_id=None, chain_id="resp_slow", input=b"", output=b"",
+            response=b"{}",
+        )  # fmt: skip
+        task = persistence_module.start_write(store, middleware.stats, "p", record, seconds=60.0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(middleware.drain(), 20)  # 20 s: a hang, not a speed
+        elapsed = loop.time() - started
+        pending = persistence_module.pending_writes()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return elapsed, pending, len(store)
+
+    elapsed, pending, stored = asyncio.run(scenario())
+    assert 0.3 <= elapsed < 10  # the bound set, not the 15 s default nor the write's 30 s
+    assert (pending, stored) == (1, 0)  # the drain went on without it
+
+
+def test_a_continuation_on_another_worker_before_the_write_landed_succeeds() -> None:
     """Two workers share a store whose writes take 0.3 s: a client continues on the other
     worker the moment it has `response.completed`."""
     store = SlowStore(0.3)
-    limits = Limits(store_wait_seconds=5.0)
+    limits = replace(SHORT_GRACE, store_wait_seconds=5.0)
     a, b = (
         WebSocketModeMiddleware(reference(), store=store, authenticate=who, limits=limits)
         for _ in range(2)
@@ -221,11 +252,11 @@ def test_a_miss_waits_for_a_write_marked_in_redis_and_only_then(
             await writer.put("p", record)
 
         landing = asyncio.create_task(land())
-        found = await load_chain(reader, Stats(), "p", "resp_w", wait=5.0)
+        found = await load_chain(reader, Stats(), "p", "resp_w", read_seconds=5.0, wait=5.0)
         await landing
         await reader.get("p", "warm")  # loads the scripts
         raw.config_resetstat()
-        missing = await load_chain(reader, Stats(), "p", "resp_never", wait=5.0)
+        missing = await load_chain(reader, Stats(), "p", "resp_never", read_seconds=5.0, wait=5.0)
         await writer.aclose()
         await reader.aclose()
         return found, missing

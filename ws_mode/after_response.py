@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any
 
 from .cache import CachedResponse
 from .handler_call import ClientGone
@@ -16,12 +16,9 @@ from .logs import for_log
 from .settings import Settings
 from .turn import Turn
 
-__all__ = ["AFTER_RESPONSE_GRACE", "AfterResponses"]
+__all__ = ["AfterResponses"]
 
 logger = logging.getLogger(__name__)
-
-#: How long post-response work may run on after its connection closed, in seconds.
-AFTER_RESPONSE_GRACE: Final = 5.0
 
 
 class AfterResponses:
@@ -54,10 +51,13 @@ class AfterResponses:
             logger.exception("post-response work failed for %s", for_log(node.id))
 
     async def finish(self) -> None:
-        """Give work still running a grace period, then cancel it."""
+        """Give work still running a grace period (`Limits.after_response_grace_seconds`),
+        then cancel it."""
         if not self._tasks:
             return
-        _done, pending = await asyncio.wait(set(self._tasks), timeout=AFTER_RESPONSE_GRACE)
+        _done, pending = await asyncio.wait(
+            set(self._tasks), timeout=self.settings.limits.after_response_grace_seconds
+        )
         for task in pending:
             task.cancel()
         if pending:

@@ -41,8 +41,6 @@ logger = logging.getLogger(__name__)
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
-# How long sending the close frame may take.
-CLOSE_TIMEOUT = 1.0
 
 
 class Connection:
@@ -96,12 +94,7 @@ class Connection:
         `owner` (`ws_mode.persistence.store_scope`); return when it is closed."""
         self.turns.principal, self._owner = principal, owner
         if self.settings.store is not None and owner is not None:
-            self.turns.store = StoreLink(
-                self.settings.store,
-                self.stats,
-                owner,
-                wait_seconds=self.limits.store_wait_seconds,
-            )
+            self.turns.store = StoreLink(self.settings.store, self.stats, owner, self.limits)
         self._authenticated_at = asyncio.get_running_loop().time()
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
@@ -192,7 +185,7 @@ class Connection:
         # A client that stopped reading may never let the close frame out: bound the wait,
         # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_TIMEOUT):
+            async with asyncio.timeout(self.limits.close_timeout_seconds):
                 await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
     async def send_text(self, text: str) -> None:

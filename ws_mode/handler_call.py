@@ -37,9 +37,6 @@ logger = logging.getLogger(__name__)
 # inside would compress the event stream).
 _SET_HERE = (b"accept-encoding", b"content-length", b"content-type", b"accept", b"host")
 
-# An error or JSON answer is read whole; past this size the handler is misbehaving.
-MAX_BUFFERED_ANSWER = 64 * 1024 * 1024
-
 
 class ClientGone(OSError):
     """The WebSocket client went away; raised from the handler's `send()`."""
@@ -113,11 +110,16 @@ def http_scope(
 class HandlerCall:
     """One call of the wrapped app; a fresh object per turn, like Starlette's responders."""
 
-    def __init__(self, app: ASGIApp, scope: Scope, body: bytes, sink: EventSink) -> None:
+    def __init__(
+        self, app: ASGIApp, scope: Scope, body: bytes, sink: EventSink, *, max_buffered: int
+    ) -> None:
         self.app = app
         self.scope = scope
         self.body = body
         self.sink = sink
+        # An error or JSON answer is read whole; past this size
+        # (`Limits.max_buffered_answer_bytes`) the handler is misbehaving.
+        self.max_buffered = max_buffered
         self.status: int | None = None
         self._streaming = False
         self._content_type = b""
@@ -188,7 +190,7 @@ class HandlerCall:
                     raise
             elif body:
                 self._buffered += len(body)
-                if self._buffered > MAX_BUFFERED_ANSWER:
+                if self._buffered > self.max_buffered:
                     raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
                 self._buffer.append(body)
         elif kind == "http.response.start":

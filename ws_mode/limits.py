@@ -40,19 +40,26 @@ class Limits:
     keeps in it (past it, that principal's least recently written conversations are dropped;
     a single conversation larger than the bound is not stored; None: no bound), and a
     continuation whose parent is not stored yet waits up to `store_wait_seconds` for its
-    write to land (a response finished on another worker a moment ago).
+    write to land (a response finished on another worker a moment ago); one hydration
+    (beside that wait), or one stateful HTTP `GET` or `DELETE`, may take at most
+    `store_read_seconds` and one write at most `store_write_seconds`, whatever the store's
+    own timeouts (a write's `RedisStore` marker expires with it, and a drain waits that long
+    for the writes under way).
+    `after_response_grace_seconds` is how long post-response work (`on_response`, a handler
+    still running after its terminal event) may run on once its connection closed;
+    `close_timeout_seconds` bounds sending the close frame; `max_buffered_answer_bytes`
+    bounds an error or JSON answer of the handler, which is read whole (streamed answers are
+    not bounded by it).
 
     Fixed bounds: the other bounds are module constants, each a measured cost, a protocol
     fact, a process-wide detail or a ceiling over a knob set elsewhere (docs/limits.md,
-    "Fixed bounds", says why for each): `after_response.AFTER_RESPONSE_GRACE`,
-    `budget.CONNECTION_COST`, `budget.PARSE_FACTOR`, `budget.PRESSURE_SHARE`,
-    `cache.TOO_LARGE_REMEMBERED`, `cache.NODE_OVERHEAD`, `cache.VALUE_OVERHEAD`,
-    `connection.CLOSE_TIMEOUT`, `frames.OFF_LOOP_BYTES`, `frames.WORKERS`,
-    `frames.MAX_FAILURES`, `frames.RETRY_SECONDS`, `handler_call.MAX_BUFFERED_ANSWER`,
-    `hooks.HOOK_THREADS`, `logs.LOG_VALUE_CHARS`, `persistence.HYDRATE_SECONDS`,
-    `persistence.WRITE_SECONDS`, `persistence.POLL_SECONDS`, `persistence.POLL_MAX_SECONDS`,
-    `persistence.STORED_REMEMBERED`, `protocol.QUOTED_ID_CHARS`, `protocol.STREAM_ID`,
-    `steering.MAX_WAITING_RESPONSES`, `turn_runner.TOOL_SETS`, `proxy.transport._MAX_HEADER`.
+    "Fixed bounds", says why for each): `budget.CONNECTION_COST`, `budget.PARSE_FACTOR`,
+    `budget.PRESSURE_SHARE`, `cache.TOO_LARGE_REMEMBERED`, `cache.NODE_OVERHEAD`,
+    `cache.VALUE_OVERHEAD`, `frames.OFF_LOOP_BYTES`, `frames.WORKERS`, `frames.MAX_FAILURES`,
+    `frames.RETRY_SECONDS`, `hooks.HOOK_THREADS`, `logs.LOG_VALUE_CHARS`,
+    `persistence.POLL_SECONDS`, `persistence.POLL_MAX_SECONDS`, `persistence.STORED_REMEMBERED`,
+    `protocol.QUOTED_ID_CHARS`, `protocol.STREAM_ID`, `steering.MAX_WAITING_RESPONSES`,
+    `turn_runner.TOOL_SETS`, `proxy.transport._MAX_HEADER`.
     """
 
     max_connections: int = 1000
@@ -74,6 +81,11 @@ class Limits:
     max_memory_bytes: int = 2048 * MiB
     max_stored_bytes_per_principal: int | None = 1024 * MiB
     store_wait_seconds: float = 1.0
+    store_read_seconds: float = 5.0
+    store_write_seconds: float = 15.0
+    after_response_grace_seconds: float = 5.0
+    close_timeout_seconds: float = 1.0
+    max_buffered_answer_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -193,14 +193,14 @@ class WebSocketModeMiddleware:
         give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
         then close every socket with 1001 so clients reconnect; last, wait for the store
         writes under way in this process to land (each ends within
-        `ws_mode.persistence.WRITE_SECONDS`). Call it before the server closes its
+        `Limits.store_write_seconds`). Call it before the server closes its
         connections (`ws_mode.server.Server` does, for uvicorn); the lifespan shutdown calls
         it too."""
         self._draining = True
         if grace is None:
             grace = self.settings.limits.shutdown_grace_seconds
         await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
-        await flush_writes()
+        await flush_writes(self.settings.limits.store_write_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -8,8 +8,8 @@ join the cache and the turn proceeds as a cache hit. A miss waits a bounded mome
 A finished response that may be stored is written without delaying its terminal event: the
 write starts before that event is sent and finishes in the background. Writes belong to the
 process, not to the connection: a client leaving never cancels one; each is bounded by
-`WRITE_SECONDS`, counted, and logged when it fails; `flush_writes` (the middleware's drain,
-on shutdown) waits for those under way.
+`Limits.store_write_seconds`, counted, and logged when it fails; `flush_writes` (the
+middleware's drain, on shutdown) waits for those under way.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from cachetools import LRUCache
 from .auth import PrincipalKey, principal_key
 from .cache import CachedResponse, ResponseCache, decoded_size
 from .items import Items
+from .limits import Limits
 from .logs import for_log
 from .stats import Stats
 from .store import QuotaExceeded, ResponseStore, StoredResponse, chain_of
@@ -41,12 +42,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The longest a hydration may take, whatever the store's own timeouts (plus the wait for a
-#: write on its way, `Limits.store_wait_seconds`).
-HYDRATE_SECONDS = 5.0
-#: The longest a write may take (off every client's path), and so the longest a drain waits
-#: for the writes under way.
-WRITE_SECONDS = 15.0
 #: The pause before a missing response is looked up once more (a write's marker may be on
 #: its way); while a write is known to be under way, each pause doubles, up to
 #: `POLL_MAX_SECONDS`, until `Limits.store_wait_seconds` have passed.
@@ -84,16 +79,18 @@ async def load_chain(
     owner: str,
     response_id: str,
     *,
+    read_seconds: float,
     wait: float = 0.0,
 ) -> list[StoredResponse] | None:
     """The stored conversation from its first response down to `response_id` (its ancestors,
     in one lookup); None when it is not stored whole for `owner`. A miss waits up to `wait`
     seconds for a write on its way: a write under way in this process is waited for itself,
     otherwise the store is looked up again with growing pauses. Raise `StoreUnavailable`
-    when the store fails or takes too long."""
+    when the store fails or takes longer than `read_seconds` plus `wait`
+    (`Limits.store_read_seconds`, `Limits.store_wait_seconds`)."""
     loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(HYDRATE_SECONDS + wait):
+        async with asyncio.timeout(read_seconds + wait):
             records = await _ancestors(store, owner, response_id)
             deadline = loop.time() + wait
             pause = POLL_SECONDS
@@ -153,18 +150,21 @@ async def read_one(store: ResponseStore, owner: str, response_id: str) -> Stored
     return (await store.get_chain(owner, response_id)).get(response_id)
 
 
-async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse) -> bool:
+async def keep(
+    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+) -> bool:
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
-    within `WRITE_SECONDS`; whether all landed. A failure, a refusal or a cancellation is
+    within `seconds` (`Limits.store_write_seconds`; the marker that announces the write to
+    other workers expires with it); whether all landed. A failure, a refusal or a cancellation is
     logged and counted (`store_failures`, `store_refused`), never raised, except the
     cancellation itself."""
     written = 0
     mark_pending = getattr(store, "mark_pending", None)
     try:
-        async with asyncio.timeout(WRITE_SECONDS):
+        async with asyncio.timeout(seconds):
             if mark_pending is not None:
                 # A continuation on another worker that misses waits for these, and only these.
-                await mark_pending(owner, [record.id for record in records], WRITE_SECONDS)
+                await mark_pending(owner, [record.id for record in records], seconds)
             for record in records:
                 dropped = await store.put(owner, record)
                 written += 1
@@ -194,11 +194,11 @@ async def keep(store: ResponseStore, stats: Stats, owner: str, *records: StoredR
 
 
 def start_write(
-    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse
+    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
 ) -> asyncio.Task[bool]:
-    """Start writing `records` (`keep`) as work of the process: no connection or request
-    cancels it; `flush_writes` waits for it."""
-    task = asyncio.create_task(keep(store, stats, owner, *records))
+    """Start writing `records` (`keep`, within `seconds`) as work of the process: no
+    connection or request cancels it; `flush_writes` waits for it."""
+    task = asyncio.create_task(keep(store, stats, owner, *records, seconds=seconds))
     _writes[task] = (owner, frozenset(record.id for record in records))
     task.add_done_callback(_writes_done)
     return task
@@ -216,9 +216,9 @@ def pending_writes() -> int:
     return sum(1 for task in list(_writes) if task.get_loop() is loop)
 
 
-async def flush_writes(seconds: float = WRITE_SECONDS) -> None:
-    """Wait for the store writes under way on this event loop (each ends within
-    `WRITE_SECONDS` by itself), at most `seconds`."""
+async def flush_writes(seconds: float) -> None:
+    """Wait for the store writes under way on this event loop, at most `seconds` (the
+    middleware's `Limits.store_write_seconds`, within which each of its writes ends)."""
     loop = asyncio.get_running_loop()
     tasks = [task for task in list(_writes) if task.get_loop() is loop]
     if not tasks:
@@ -232,14 +232,12 @@ async def flush_writes(seconds: float = WRITE_SECONDS) -> None:
 class StoreLink:
     """One connection's use of the store."""
 
-    def __init__(
-        self, store: ResponseStore, stats: Stats, scope: str, *, wait_seconds: float = 0.0
-    ) -> None:
+    def __init__(self, store: ResponseStore, stats: Stats, scope: str, limits: Limits) -> None:
         self.store = store
         self.stats = stats
         self.scope = scope
-        #: How long a miss waits for a write on its way (`Limits.store_wait_seconds`).
-        self.wait_seconds = wait_seconds
+        #: How long a hydration and a write may take, and a miss wait for a write on its way.
+        self.limits = limits
         # Responses of this connection known to be in the store (written or hydrated).
         self._stored: LRUCache[str, bool] = LRUCache(STORED_REMEMBERED)
 
@@ -248,8 +246,14 @@ class StoreLink:
     ) -> CachedResponse | None:
         """The stored conversation up to `response_id`, put in `cache`; None when it is not
         stored whole for this scope. Raise `StoreUnavailable` when the store fails."""
+        limits = self.limits
         chain = await load_chain(
-            self.store, self.stats, self.scope, response_id, wait=self.wait_seconds
+            self.store,
+            self.stats,
+            self.scope,
+            response_id,
+            read_seconds=limits.store_read_seconds,
+            wait=limits.store_wait_seconds,
         )
         if chain is None:
             return None
@@ -288,7 +292,9 @@ class StoreLink:
         for each in nodes:
             self._stored[each.id] = True
         records = [_record(each) for each in reversed(nodes)]
-        task = start_write(self.store, self.stats, self.scope, *records)
+        task = start_write(
+            self.store, self.stats, self.scope, *records, seconds=self.limits.store_write_seconds
+        )
         ids = [each.id for each in nodes]
 
         def landed(task: asyncio.Task[bool]) -> None:

@@ -34,7 +34,6 @@ from .handler_call import replay_body
 from .items import encode_items, with_input
 from .logs import for_log
 from .persistence import (
-    HYDRATE_SECONDS,
     StoreUnavailable,
     load_chain,
     read_one,
@@ -98,7 +97,7 @@ class StatefulHTTP:
             return
         response_id = scope["path"].rsplit("/", 1)[-1]
         try:
-            async with asyncio.timeout(HYDRATE_SECONDS):
+            async with asyncio.timeout(self.settings.limits.store_read_seconds):
                 if scope["method"] == "DELETE":
                     found = await self.store.delete(owner, response_id)
                     record = None
@@ -151,6 +150,7 @@ class StatefulHTTP:
                     self.settings.stats,
                     owner,
                     parent_id,
+                    read_seconds=self.settings.limits.store_read_seconds,
                     wait=self.settings.limits.store_wait_seconds,
                 )
             except StoreUnavailable:
@@ -179,7 +179,10 @@ class StatefulHTTP:
                 output=encode_items(output),
                 response=orjson.dumps(response),
             )
-            writes.append(start_write(self.store, self.settings.stats, owner, record))
+            seconds = self.settings.limits.store_write_seconds
+            writes.append(
+                start_write(self.store, self.settings.stats, owner, record, seconds=seconds)
+            )
 
         watcher = _Watcher(send, parent_id if chain else None, finished)
         headers = _without_length(scope.get("headers", ()))

@@ -211,7 +211,10 @@ class TurnRunner:
             extension=current,
         )
         self.streams.add(stream)
-        call = asyncio.create_task(HandlerCall(self._app, scope, body, stream).run())
+        max_buffered = self.limits.max_buffered_answer_bytes
+        call = asyncio.create_task(
+            HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
+        )
         # If the turn is abandoned just as the call fails, nobody reads the outcome here.
         call.add_done_callback(_retrieve)
         try:
