@@ -1,5 +1,6 @@
 """What the store tests share: a principal hook, one turn over a real socket, waiting for the
-background to catch up, and a handler whose response objects say `store: false`."""
+background to catch up, reading a request body, and a handler whose response objects say
+`store: false`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ from ws_mode.asgi import Receive, Scope, Send
 from ws_mode.tools.clients import connect
 
 FIELDS: dict[str, Any] = {"model": "reference"}
+
+
+async def read_body(receive: Receive) -> bytes:
+    """A test app's request body, whole."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
 
 
 def who(scope: Scope) -> str:
@@ -65,12 +76,7 @@ async def private_handler(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": f"lifespan.{kind}.complete"})
             if kind == "shutdown":
                 return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     request = json.loads(body)
     text = {"type": "output_text", "text": "private", "annotations": []}
     item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}

@@ -20,6 +20,8 @@ from ws_mode.frames import HelperDied
 from ws_mode.store import MemoryStore
 from ws_mode.tools.loopback import ServerThread
 
+from .store_kit import read_body
+
 
 class Handler:
     """A handler that reads its request without parsing it (its own cost stays out of the
@@ -38,12 +40,7 @@ class Handler:
             ticker.cancel()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.received.append(body)
         response = {
             "id": f"resp_{uuid.uuid4().hex}",

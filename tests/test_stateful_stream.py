@@ -25,6 +25,8 @@ from ws_mode.sse import SSEDecoder
 from ws_mode.store import MemoryStore
 from ws_mode.tools.loopback import ServerThread
 
+from .store_kit import read_body
+
 PRINCIPAL = "tenant-a"
 
 
@@ -54,16 +56,11 @@ class Handler:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         request = json.loads(body)
         assert "previous_response_id" not in request or request["previous_response_id"] is None
         items = request["input"]
