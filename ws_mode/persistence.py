@@ -210,17 +210,21 @@ def _writes_done(task: asyncio.Task[bool]) -> None:
         task.exception()  # keep() raises nothing else: retrieved, never "never retrieved"
 
 
+def _writes_here() -> list[asyncio.Task[bool]]:
+    """The store writes under way on this event loop (a snapshot)."""
+    loop = asyncio.get_running_loop()
+    return [task for task in list(_writes) if task.get_loop() is loop]
+
+
 def pending_writes() -> int:
     """How many store writes are under way on this event loop."""
-    loop = asyncio.get_running_loop()
-    return sum(1 for task in list(_writes) if task.get_loop() is loop)
+    return len(_writes_here())
 
 
 async def flush_writes(seconds: float) -> None:
     """Wait for the store writes under way on this event loop, at most `seconds` (the
     middleware's `Limits.store_write_seconds`, within which each of its writes ends)."""
-    loop = asyncio.get_running_loop()
-    tasks = [task for task in list(_writes) if task.get_loop() is loop]
+    tasks = _writes_here()
     if not tasks:
         return
     logger.info("waiting for %d store write(s) to land before shutting down", len(tasks))
