@@ -84,7 +84,7 @@ def input_items(body: dict[str, Any]) -> list[Item]:
 
 def stand_in_tokenizer() -> Tokenize:
     """The reference server's BPE: replace it with yours (`AutoTokenizer...encode`)."""
-    from ws_mode.reference import ReferenceTokenizer
+    from ws_mode.toolkit.reference import ReferenceTokenizer
 
     return ReferenceTokenizer().encode
 

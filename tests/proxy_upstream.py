@@ -17,7 +17,7 @@ scripted by the request's `metadata` (all strings):
 `/debug/*` needs no key: `requests` lists what arrived (method, path, query, headers, body),
 `aborted` the ids of streams cut short by a client that left, `gzip` answers gzip-compressed
 whatever was asked, `echo` answers with the length and digest of the body it got.
-`reference` is `ws_mode.reference.create_app()`, stateless.
+`reference` is `ws_mode.toolkit.reference.create_app()`, stateless.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def main() -> None:
     if args.app == "storing":
         app: Any = create_storing_app(args.key)
     else:
-        from ws_mode.reference import create_app
+        from ws_mode.toolkit.reference import create_app
 
         app = create_app()
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

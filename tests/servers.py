@@ -1,7 +1,7 @@
 """Real ASGI servers on loopback for the integration tests.
 
 `serve(app, server="uvicorn")` runs the app under a real server in a background thread (the
-tools' runner, `ws_mode.tools.loopback.ServerThread`) and yields its base URL; the server stops
+tools' runner, `ws_mode.testing._loopback.ServerThread`) and yields its base URL; the server stops
 when the block exits (and by itself after `lifetime` seconds, so nothing outlives a crashed test
 run).
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
-from ws_mode.tools.loopback import (
+from ws_mode.testing._loopback import (
     WS_MAX_SIZE,
     ServerStartError,
     ServerThread,
@@ -218,7 +218,7 @@ def ws_mode_serve(*flags: str, cwd: Path, timeout: float = 15.0) -> Iterator[Ser
     """Run `ws-mode serve --port 0 FLAGS` from `cwd` (the installed package is all it needs);
     yield it once its banner names the port, stop it after."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "ws_mode.cli", "serve", "--port", "0", *flags,
+        [sys.executable, "-m", "ws_mode.toolkit.cli", "serve", "--port", "0", *flags,
          "--log-level", "warning"],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ws_mode.asgi import Receive, Scope, Send
-from ws_mode.tools.clients import connect
+from ws_mode._asgi import Receive, Scope, Send
+from ws_mode.testing._client import connect
 
 FIELDS: dict[str, Any] = {"model": "reference"}
 

@@ -17,15 +17,15 @@ MAX_LINES = 800
 #: Subpackages that are tools around the core; the core (every top-level module) never
 #: imports them.
 TOOLS = ("bench", "cli", "reference", "testing", "tools")
-#: The toolkit: these subpackages, and `ws-mode check`'s probes (`ws_mode.testing.live*`); the
+#: The toolkit: these subpackages, and `ws-mode check`'s probes (`ws_mode.toolkit.check.live*`); the
 #: rest of `ws_mode.testing` is the library's compatibility kit.
 TOOLKIT = ("bench", "cli", "reference", "tools")
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 #: The library's only imports of the toolkit (docs/architecture.md states them): the kit drives
 #: its socket with the tools' client and serves the app with their loopback server.
 BORROWED = {
-    "ws_mode.testing.check": {"ws_mode.tools.loopback"},
-    "ws_mode.testing.run": {"ws_mode.tools.clients"},
+    "ws_mode.testing._check": {"ws_mode.testing._loopback"},
+    "ws_mode.testing._run": {"ws_mode.testing._client"},
 }
 
 
@@ -80,8 +80,8 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 
 
 def test_the_import_graph_is_read() -> None:
-    assert "ws_mode.connection" in GRAPH["ws_mode.middleware"]
-    assert "ws_mode.lanes" in GRAPH["ws_mode.connection"]
+    assert "ws_mode._connection" in GRAPH["ws_mode._middleware"]
+    assert "ws_mode._lanes" in GRAPH["ws_mode._connection"]
 
 
 def test_no_import_cycles() -> None:
@@ -204,8 +204,8 @@ DOC = ARCHITECTURE.read_text()
 
 def test_the_architecture_page_names_every_library_module() -> None:
     assert len(LIBRARY) > 40
-    assert "ws_mode.testing.live" not in LIBRARY
-    assert "ws_mode.testing.check" in LIBRARY
+    assert "ws_mode.toolkit.check.live" not in LIBRARY
+    assert "ws_mode.testing._check" in LIBRARY
     problems = missing_from(DOC) + unknown_in(DOC)
     assert not problems, "\n".join(problems)
 

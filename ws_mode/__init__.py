@@ -1,16 +1,16 @@
 """OpenAI's Responses API WebSocket mode for any HTTP Responses server, as ASGI middleware.
 
-from ws_mode import WebSocketModeMiddleware
+from . import WebSocketModeMiddleware
 app.add_middleware(WebSocketModeMiddleware)
 """
 
-from .auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_token
-from .cache import CachedResponse
-from .errors import ConfigError, WSModeError
-from .limits import Limits
-from .middleware import ResponseHook, WebSocketModeMiddleware, find_middlewares
-from .tokens import Renderer, Tokens
-from .turn import Turn, turn
+from ._auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_token
+from ._cache import CachedResponse
+from ._errors import ConfigError, WSModeError
+from ._limits import Limits
+from ._middleware import ResponseHook, WebSocketModeMiddleware, find_middlewares
+from ._tokens import Renderer, Tokens
+from ._turn import Turn, turn
 
 __all__ = [
     "AuthenticationFailed",

@@ -2,7 +2,7 @@
 
 Import it in your app (the core never does; it needs FastAPI)::
 
-    from ws_mode.fastapi import CurrentTurn, current_turn
+    from .fastapi import CurrentTurn, current_turn
 
     @app.post("/v1/responses")
     async def create(request: Request, current: CurrentTurn) -> Response: ...
@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from .turn import Turn, turn
+from ._turn import Turn, turn
 
 __all__ = ["CurrentTurn", "current_turn"]
 

@@ -1,7 +1,7 @@
 """Prometheus metrics for a WebSocket mode middleware (needs `prometheus-client`).
 
 from prometheus_client import make_asgi_app
-from ws_mode.prometheus import register
+from .prometheus import register
 
 register(middleware)                 # into the default registry
 app.mount("/metrics", make_asgi_app())
@@ -20,8 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .middleware import WebSocketModeMiddleware
-from .stats import METRICS
+from ._middleware import WebSocketModeMiddleware
+from ._stats import METRICS
 
 __all__ = ["StatsCollector", "register"]
 

@@ -1,6 +1,6 @@
 """A response store in Redis: stored responses shared by every worker and host.
 
-`RedisStore` implements `ws_mode.store.ResponseStore` with `redis.asyncio` (install the
+`RedisStore` implements `ws_mode._store.ResponseStore` with `redis.asyncio` (install the
 `redis` extra: `pip install ws-mode[redis]`). Keys are scoped by a digest of the principal,
 never the principal itself::
 
@@ -40,7 +40,7 @@ import hashlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .store import DEFAULT_TTL_SECONDS, QuotaExceeded, StoredResponse
+from ._store import DEFAULT_TTL_SECONDS, QuotaExceeded, StoredResponse
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

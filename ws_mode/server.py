@@ -6,7 +6,7 @@ period from there. `Server` drains the middlewares first: running turns finish (
 `Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
 the store writes still under way land (each within its own timeout) before the process
 exits. It also drops uvicorn's spurious error line after the upgrades ws_mode refused
-(`ws_mode.logs.RefusalLineFilter`).
+(`ws_mode._logs.RefusalLineFilter`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from . import logs
-from .middleware import WebSocketModeMiddleware, find_middlewares
+from . import _logs as logs
+from ._middleware import WebSocketModeMiddleware, find_middlewares
 
 __all__ = ["Server", "find_middlewares"]
 

@@ -1,7 +1,7 @@
 """The servers the compliance cases run against, each on loopback under uvicorn:
 
 - ``serve``: the reference server behind `WebSocketModeMiddleware`, built as ``ws-mode serve``
-  builds it (`ws_mode.cli.serve.build_app`, the whole history sent every turn);
+  builds it (`ws_mode.toolkit.cli.serve.build_app`, the whole history sent every turn);
 - ``serve-on-miss``: the same with ``full_context="on_miss"`` (continuations reach the
   reference with only their new items and resume from the cached Turn);
 - ``proxy``: ``ws-mode proxy``'s app (`create_proxy`, wrapped by the middleware) in front of
@@ -17,9 +17,9 @@ import pytest
 
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
-from ws_mode.cli.serve import build_app
 from ws_mode.proxy import create_proxy
-from ws_mode.reference import create_app
+from ws_mode.toolkit.cli.serve import build_app
+from ws_mode.toolkit.reference import create_app
 
 TARGETS = ("serve", "serve-on-miss", "proxy")
 

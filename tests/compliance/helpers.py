@@ -12,8 +12,8 @@ import httpx
 import orjson
 
 from tests.compliance.schema import check_compacted, check_response, check_stream
-from ws_mode.tools.clients import connect
-from ws_mode.tools.http_client import HttpClient
+from ws_mode.testing._client import connect
+from ws_mode.toolkit.http_client import HttpClient
 
 MODEL = "reference-model"
 TIMEOUT = 10.0

@@ -18,8 +18,8 @@ from tests.compliance.schema import (
     check_response,
     check_stream,
 )
-from tests.reference.helpers import parse_sse
-from ws_mode.reference import ReferenceConfig, create_app
+from tests.toolkit.reference.helpers import parse_sse
+from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 
 @pytest.fixture(scope="module")

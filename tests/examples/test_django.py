@@ -17,7 +17,7 @@ from websockets.sync.client import connect as websocket
 from tests.examples import django_env
 from tests.integration.clients import completed_response, sdk_until_terminal
 from tests.servers import serve
-from ws_mode.tools.clients import connect
+from ws_mode.testing._client import connect
 
 QUESTION = {"role": "user", "content": "Hello there"}
 

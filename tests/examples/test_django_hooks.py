@@ -1,6 +1,6 @@
 """A plain-function `authenticate` hook that queries Django's ORM, on the example project under
 a real server: it works, and runs where Django requires sync code to (one thread,
-thread-sensitive), while outside Django sync hooks run at once (tests/test_hooks.py)."""
+thread-sensitive), while outside Django sync hooks run at once (tests/library/test_hooks.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 from tests.examples import django_env
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
-from ws_mode.hooks import django_configured
+from ws_mode._hooks import django_configured
 
 
 def test_a_sync_orm_hook_runs_thread_sensitive_under_django() -> None:

@@ -14,10 +14,9 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.examples import django_env
+from tests.examples.django_keycheck import KEY
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
-
-from .django_keycheck import KEY
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from fastapi.responses import Response
 
 from examples.fastapi_app import answer
 from tests.servers import ROOT, first_line, serve, stop
-from ws_mode.tools.loopback import ws_max_size
-from ws_mode.tools.rollout import run_http, run_socket
+from ws_mode.testing._loopback import ws_max_size
+from ws_mode.toolkit.rollout import run_http, run_socket
 
 README = (ROOT / "README.md").read_text()
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -13,10 +13,10 @@ import pytest
 
 from examples.cache_aware_gateway import create_app, keyword_moderator
 from tests.servers import serve
-from ws_mode.reference import ReferenceConfig
-from ws_mode.reference import create_app as create_reference
-from ws_mode.tools.clients import SyncSocket, connect
-from ws_mode.tools.rollout import run_http, run_socket
+from ws_mode.testing._client import SyncSocket, connect
+from ws_mode.toolkit.reference import ReferenceConfig
+from ws_mode.toolkit.reference import create_app as create_reference
+from ws_mode.toolkit.rollout import run_http, run_socket
 
 Item = dict[str, Any]
 OPTIONS: dict[str, Any] = {

@@ -17,11 +17,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from examples.cache_aware_proxy import create_app
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
-from ws_mode.reference import ReferenceConfig
-from ws_mode.reference import create_app as create_reference
-from ws_mode.store import MemoryStore
-from ws_mode.tools.clients import connect
-from ws_mode.tools.rollout import run_http, run_socket
+from ws_mode._store import MemoryStore
+from ws_mode.testing._client import connect
+from ws_mode.toolkit.reference import ReferenceConfig
+from ws_mode.toolkit.reference import create_app as create_reference
+from ws_mode.toolkit.rollout import run_http, run_socket
 
 OPTIONS: dict[str, Any] = {"turns": 5, "tool_output_bytes": 512, "timeout": 10.0}
 

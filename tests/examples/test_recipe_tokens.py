@@ -12,8 +12,8 @@ import pytest
 
 from examples.cache_aware_tokens import GENERATE, create_app
 from tests.servers import serve
-from ws_mode.reference import ReferenceTokenizer
-from ws_mode.tools.rollout import run_http, run_socket
+from ws_mode.toolkit.reference import ReferenceTokenizer
+from ws_mode.toolkit.rollout import run_http, run_socket
 
 TURNS = 4
 FOLLOW_UPS = ["What does it return?", "And on an error?", "Thanks, one more thing."]

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.resources.responses.responses import AsyncResponsesConnection, ResponsesConnection
 from websockets.sync.client import ClientConnection, connect
 
-from .apps import Recorder
+from tests.integration.apps import Recorder
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 RECV_TIMEOUT = 5.0

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.apps import create_app
+from tests.integration.clients import Server, new_tag
 from tests.servers import SERVERS, serve
-
-from .apps import create_app
-from .clients import Server, new_tag
 
 
 @pytest.fixture(scope="session", params=SERVERS)

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.integration.apps import create_app
+from tests.integration.clients import Server, completed_response, create
 from tests.servers import SERVERS, serve
-
-from .apps import create_app
-from .clients import Server, completed_response, create
 
 GZIP = {"Accept-Encoding": "gzip"}
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from openai.types.responses import Response
 
-from .apps import TOOL
-from .clients import (
+from tests.integration.apps import TOOL
+from tests.integration.clients import (
     Server,
     async_until_terminal,
     call_output,

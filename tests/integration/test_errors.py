@@ -8,8 +8,8 @@ import pytest
 from openai.types.responses import Response
 from openai.types.responses.responses_server_event import ResponseWsError
 
-from .apps import TOOL
-from .clients import (
+from tests.integration.apps import TOOL
+from tests.integration.clients import (
     Server,
     call_output,
     completed_response,

@@ -8,8 +8,15 @@ from typing import Any
 import pytest
 from openai.types.responses import ResponseSteerFailedEvent
 
-from .apps import ODD_TEXT
-from .clients import RawClient, Server, completed_response, create, sdk_recv, sdk_until_terminal
+from tests.integration.apps import ODD_TEXT
+from tests.integration.clients import (
+    RawClient,
+    Server,
+    completed_response,
+    create,
+    sdk_recv,
+    sdk_until_terminal,
+)
 
 
 def _create(**fields: Any) -> str:

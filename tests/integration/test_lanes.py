@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from openai.types.responses.responses_server_event import ResponseWsError
 
-from .apps import TOOL, Call
-from .clients import (
+from tests.integration.apps import TOOL, Call
+from tests.integration.clients import (
     RawClient,
     Server,
     async_until_terminal,

@@ -13,7 +13,7 @@ import pytest
 from openai.types.responses.responses_server_event import ResponseWsError
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .clients import Server, async_recv, completed_response, create
+from tests.integration.clients import Server, async_recv, completed_response, create
 
 
 def ws_mode_tasks(http: httpx.Client) -> tuple[int, list[str]]:

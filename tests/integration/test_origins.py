@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from .clients import Server, completed_response, create
+from tests.integration.clients import Server, completed_response, create
 
 
 @pytest.mark.parametrize(

@@ -33,12 +33,11 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import ws_mode
+from tests.integration.apps import sse, turn_events
+from tests.integration.clients import Server, completed_response
 from tests.servers import SERVERS, serve
 from ws_mode import WebSocketModeMiddleware
-from ws_mode.store import MemoryStore
-
-from .apps import sse, turn_events
-from .clients import Server, completed_response
+from ws_mode._store import MemoryStore
 
 KEY = "right-key"
 UNAUTHORIZED = {

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
-from .clients import Server, completed_response, create, sdk_until_terminal
+from tests.integration.clients import Server, completed_response, create, sdk_until_terminal
 
 
 def test_plain_http_post_reaches_the_app_unchanged(server: Server, tag: str) -> None:
@@ -114,7 +114,7 @@ def test_raw_handshake_headers_reach_every_turn(server: Server, tag: str) -> Non
 
 
 def check_turn_headers(call: object) -> None:
-    from .apps import Call
+    from tests.integration.apps import Call
 
     assert isinstance(call, Call)
     names = [name for name, _ in call.headers]

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.apps import create_app
+from tests.integration.clients import Server, completed_response, create
 from tests.servers import SERVERS, serve
-
-from .apps import create_app
-from .clients import Server, completed_response, create
 
 
 @pytest.fixture(scope="module", params=SERVERS)

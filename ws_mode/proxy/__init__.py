@@ -3,8 +3,8 @@
 Wrapped by :class:`~ws_mode.WebSocketModeMiddleware`, it gives WebSocket mode to any server that
 speaks the HTTP Responses API (vLLM, Ollama, LiteLLM, OpenAI itself)::
 
-    from ws_mode import WebSocketModeMiddleware
-    from ws_mode.proxy import create_proxy
+    from .. import WebSocketModeMiddleware
+    from . import create_proxy
 
     app = WebSocketModeMiddleware(create_proxy("http://localhost:8000/v1"))
 
@@ -14,12 +14,12 @@ answer comes down chunk by chunk as the upstream sends it (an SSE stream flows e
 See ``docs/proxy.md`` for the path rule, authentication and limits. Needs the ``cli`` extra
 and aiohttp: ``pip install "ws-mode[cli]" aiohttp``.
 
-The ASGI app is :mod:`ws_mode.proxy.app`; the upstream side (URL, headers, failures) is
-:mod:`ws_mode.proxy.upstream`; the HTTP clients are :mod:`ws_mode.proxy.transport`.
+The ASGI app is :mod:`ws_mode.proxy._app`; the upstream side (URL, headers, failures) is
+:mod:`ws_mode.proxy._upstream`; the HTTP clients are :mod:`ws_mode.proxy._transport`.
 """
 
-from ws_mode.proxy.app import API_PREFIX as API_PREFIX
-from ws_mode.proxy.app import ResponsesProxy, create_proxy
-from ws_mode.proxy.upstream import DEFAULT_LIMITS, DEFAULT_TIMEOUT
+from ._app import API_PREFIX as API_PREFIX
+from ._app import ResponsesProxy, create_proxy
+from ._upstream import DEFAULT_LIMITS, DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ResponsesProxy", "create_proxy"]

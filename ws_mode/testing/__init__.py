@@ -3,7 +3,7 @@
 Run it against your own app before switching WebSocket mode on::
 
     from hypothesis import given, settings
-    from ws_mode.testing import conversations
+    from . import conversations
 
     from myproject.asgi import app
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 
-from .check import CheckOptions, CompatibilityCheck, check_conversation
-from .program import (
+from ._check import CheckOptions, CompatibilityCheck, check_conversation
+from ._program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
     DEFAULT_LANES,
@@ -45,11 +45,11 @@ from .program import (
     Step,
     conversations,
 )
-from .recorder import RecordedCall
-from .report import CompatibilityError, Report, TurnReport
+from ._recorder import RecordedCall
+from ._report import CompatibilityError, Report, TurnReport
 
 with contextlib.suppress(ImportError):  # the fixture, where pytest is installed
-    from .plugin import CompatibilityChecks, ws_mode_check
+    from ._plugin import CompatibilityChecks, ws_mode_check
 
 __all__ = [
     "DEFAULT_FIELDS",

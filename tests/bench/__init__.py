@@ -1,1 +1,0 @@
-"""Tests of `ws-mode bench` and the load test (`ws_mode.bench`)."""

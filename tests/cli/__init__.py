@@ -1,1 +1,0 @@
-"""Tests of the `ws-mode` command (`ws_mode.cli`)."""

@@ -1,0 +1,924 @@
+"""Tests of the in-process HTTP call: the synthetic scope, the handler's answer, its events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.responses_server_event import ResponseWsError
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from ws_mode import Limits
+from ws_mode._events import ResponseStream
+from ws_mode._handler_call import (
+    ClientGone,
+    HandlerCall,
+    handler_headers,
+    http_scope,
+)
+
+# The SDK's event union has no pydantic discriminator: pick each event's model by its type.
+STREAM_EVENTS: dict[str, type[BaseModel]] = {
+    typing.get_args(model.model_fields["type"].annotation)[0]: model
+    for model in typing.get_args(typing.get_args(ResponseStreamEvent)[0])
+}
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Sink:
+    """Records what a HandlerCall hands on; finishes on a terminal event, like ResponseStream."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.log: list[tuple[str, str | None, Any]] = []
+
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        self.log.append(("sse", event_type, data))
+        if event_type in TERMINAL:
+            self.finished = True
+        return ""  # a frame to send
+
+    async def send_text(self, text: str) -> None:
+        return None
+
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        raise AssertionError("frame() always answers with a frame")
+
+    async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        self.log.append(("sse", event_type, data))
+        if event_type in TERMINAL:
+            self.finished = True
+
+    async def event(self, event: dict[str, Any]) -> None:
+        self.log.append(("event", event.get("type"), event))
+        if event.get("type") in TERMINAL:
+            self.finished = True
+
+    @property
+    def types(self) -> list[str | None]:
+        return [kind for _, kind, _ in self.log]
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [payload for source, _, payload in self.log if source == "event"]
+
+
+def sse(event_type: str, **payload: Any) -> bytes:
+    return (
+        b"event: "
+        + event_type.encode()
+        + b"\ndata: "
+        + orjson.dumps({"type": event_type, **payload})
+        + b"\n\n"
+    )
+
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def start(status: int = 200, headers: list[tuple[bytes, bytes]] = SSE_HEADERS) -> Message:
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+def body(data: bytes, more: bool = True) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+WS_SCOPE: dict[str, Any] = {
+    "type": "websocket",
+    "asgi": {"version": "3.0"},
+    "scheme": "wss",
+    "http_version": "1.1",
+    "path": "/v1/responses",
+    "raw_path": b"/v1/responses",
+    "root_path": "/api",
+    "query_string": b"tenant=1",
+    "headers": [
+        (b"host", b"example.com"),
+        (b"connection", b"Upgrade"),
+        (b"upgrade", b"websocket"),
+        (b"sec-websocket-key", b"dGhlIHNhbXBsZSBub25jZQ=="),
+        (b"sec-websocket-version", b"13"),
+        (b"sec-websocket-extensions", b"permessage-deflate"),
+        (b"sec-websocket-protocol", b"chat"),
+        (b"accept-encoding", b"gzip, br"),
+        (b"authorization", b"Bearer sk-test"),
+        (b"user-agent", b"OpenAI/Python 2.0"),
+        (b"x-tenant", b"acme"),
+        (b"x-forwarded-for", b"10.0.0.1"),
+        (b"x-forwarded-for", b"10.0.0.2"),
+        (b"accept", b"*/*"),
+        (b"content-type", b"text/plain"),
+        (b"content-length", b"99"),
+        (b"keep-alive", b"timeout=5"),
+        (b"te", b"trailers"),
+        (b"transfer-encoding", b"chunked"),
+        (b"proxy-connection", b"keep-alive"),
+        (b"cookie", b"session=1"),
+    ],
+    "client": ("10.0.0.9", 50000),
+    "server": ("example.com", 443),
+    "subprotocols": ["chat"],
+    "state": {"db": "pool", "nested": {"a": 1}},
+    "extensions": {"websocket.http.response": {}, "tls": {"version": 0x304}},
+}
+
+
+def make_call(
+    app: App,
+    sink: Any,
+    request_body: bytes = b'{"stream":true}',
+    max_buffered: int = Limits().max_buffered_answer_bytes,
+) -> HandlerCall:
+    scope = http_scope(
+        WS_SCOPE,
+        path="/v1/responses",
+        headers=handler_headers(WS_SCOPE),
+        body_length=len(request_body),
+        extension="the turn",
+    )
+    return HandlerCall(app, scope, request_body, sink, max_buffered=max_buffered)
+
+
+def response_object(**overrides: Any) -> dict[str, Any]:
+    """A finished response object the openai SDK accepts."""
+    response: dict[str, Any] = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1700000000,
+        "status": "completed",
+        "model": "test-model",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Hello there", "annotations": []}],
+            }
+        ],
+        "previous_response_id": None,
+        "instructions": None,
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "store": False,
+        "temperature": None,
+        "top_p": None,
+        "usage": {
+            "input_tokens": 3,
+            "output_tokens": 2,
+            "total_tokens": 5,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+        "error": None,
+        "incomplete_details": None,
+        "metadata": {},
+    }
+    response.update(overrides)
+    Response.model_validate(response)
+    return response
+
+
+def json_app(
+    payload: Any, status: int = 200, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
+) -> App:
+    encoded = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start(status, headers))
+        await send(body(encoded, more=False))
+
+    return app
+
+
+# --- the synthetic scope --------------------------------------------------------------------
+
+
+def test_handler_headers_keep_the_app_headers_and_drop_the_socket_ones() -> None:
+    headers = handler_headers(WS_SCOPE)
+    assert headers == [
+        (b"host", b"example.com"),
+        (b"authorization", b"Bearer sk-test"),
+        (b"user-agent", b"OpenAI/Python 2.0"),
+        (b"x-tenant", b"acme"),
+        (b"x-forwarded-for", b"10.0.0.1"),
+        (b"x-forwarded-for", b"10.0.0.2"),
+        (b"cookie", b"session=1"),
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+    ]
+
+
+def test_handler_headers_without_host() -> None:
+    scope = {"type": "websocket", "headers": [(b"authorization", b"Bearer x")]}
+    assert handler_headers(scope) == [
+        (b"authorization", b"Bearer x"),
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+    ]
+    assert handler_headers({"type": "websocket"})[-2:] == [
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+    ]
+
+
+def test_http_scope() -> None:
+    turn = object()
+    headers = handler_headers(WS_SCOPE)
+    scope = http_scope(
+        WS_SCOPE, path="/v1/responses", headers=headers, body_length=42, extension=turn
+    )
+    assert scope["type"] == "http"
+    assert scope["method"] == "POST"
+    assert scope["http_version"] == "1.1"
+    assert scope["scheme"] == "https"
+    assert scope["path"] == "/v1/responses"
+    assert scope["raw_path"] == b"/v1/responses"
+    assert scope["root_path"] == "/api"
+    assert scope["client"] == ("10.0.0.9", 50000)
+    assert scope["server"] == ("example.com", 443)
+    assert scope["asgi"]["version"] == "3.0"
+    assert scope["headers"] == [*headers, (b"content-length", b"42")]
+    assert scope["extensions"]["ws_mode"] is turn
+    assert "websocket.http.response" not in scope["extensions"]
+    assert scope["extensions"]["tls"] == {"version": 0x304}
+    # The socket's own scope is left as it was.
+    assert "ws_mode" not in WS_SCOPE["extensions"]
+    assert "websocket.http.response" in WS_SCOPE["extensions"]
+    assert headers == handler_headers(WS_SCOPE)
+    assert "subprotocols" not in scope
+
+
+def test_http_scope_reads_as_a_request() -> None:
+    request_body = b'{"model":"m","stream":true}'
+    scope = http_scope(
+        WS_SCOPE,
+        path="/v1/responses",
+        headers=handler_headers(WS_SCOPE),
+        body_length=len(request_body),
+        extension=None,
+    )
+    request = Request(scope)
+    assert request.method == "POST"
+    assert request.url.scheme == "https"
+    assert request.url.hostname == "example.com"
+    assert request.url.path.endswith("/v1/responses")
+    assert request.url.query == "tenant=1"
+    assert request.headers["authorization"] == "Bearer sk-test"
+    assert request.headers["content-type"] == "application/json"
+    assert request.headers["accept"] == "text/event-stream"
+    assert request.headers["content-length"] == str(len(request_body))
+    assert request.headers.getlist("x-forwarded-for") == ["10.0.0.1", "10.0.0.2"]
+    assert request.headers.getlist("content-length") == [str(len(request_body))]
+    assert request.headers.getlist("accept") == ["text/event-stream"]
+    assert request.headers.getlist("content-type") == ["application/json"]
+    assert "accept-encoding" not in request.headers
+    assert "upgrade" not in request.headers
+    assert "connection" not in request.headers
+    assert not any(name.startswith("sec-websocket-") for name in request.headers)
+
+
+@pytest.mark.parametrize(
+    ("ws_scheme", "http_scheme"), [("ws", "http"), ("wss", "https"), (None, "http")]
+)
+def test_http_scope_scheme(ws_scheme: str | None, http_scheme: str) -> None:
+    ws_scope = dict(WS_SCOPE)
+    if ws_scheme is None:
+        del ws_scope["scheme"]
+    else:
+        ws_scope["scheme"] = ws_scheme
+    scope = http_scope(ws_scope, path="/x", headers=[], body_length=0, extension=None)
+    assert scope["scheme"] == http_scheme
+
+
+def test_http_scope_state_is_a_shallow_copy() -> None:
+    scope = http_scope(WS_SCOPE, path="/x", headers=[], body_length=0, extension=None)
+    assert scope["state"] == WS_SCOPE["state"]
+    assert scope["state"] is not WS_SCOPE["state"]
+    assert scope["state"]["nested"] is WS_SCOPE["state"]["nested"]
+    scope["state"]["db"] = "changed"
+    scope["state"]["new"] = True
+    assert WS_SCOPE["state"] == {"db": "pool", "nested": {"a": 1}}
+
+
+def test_http_scope_without_state_or_extensions() -> None:
+    ws_scope = {"type": "websocket", "path": "/v1/responses", "headers": []}
+    scope = http_scope(ws_scope, path="/handler", headers=[], body_length=7, extension="t")
+    assert "state" not in scope
+    assert scope["extensions"] == {"ws_mode": "t"}
+    assert scope["path"] == "/handler"
+    assert scope["root_path"] == ""
+    assert scope["query_string"] == b""
+    assert scope["headers"] == [(b"content-length", b"7")]
+
+
+# --- SSE answers --------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_sse_answer_is_forwarded_event_by_event() -> None:
+    sink = Sink()
+    events = [
+        sse("response.created", sequence_number=0),
+        sse("response.output_text.delta", sequence_number=1, delta="Hel"),
+        sse("response.output_text.delta", sequence_number=2, delta="lo"),
+        sse("response.completed", sequence_number=3),
+    ]
+    stream = b"".join(events)
+    first_end = len(events[0])
+    # Odd cuts: the first chunk ends just after event 1, mid-way into event 2's `data:` line.
+    cuts = [first_end + 9, first_end + 10, len(stream) - 7, len(stream) - 1]
+    seen_before_chunk: list[list[str | None]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["body"] == b'{"stream":true}'
+        await send(start())
+        previous = 0
+        for cut in [*cuts, len(stream)]:
+            seen_before_chunk.append(list(sink.types))
+            await send(body(stream[previous:cut], more=cut < len(stream)))
+            previous = cut
+
+    call = make_call(app, sink)
+    await call.run()
+    assert call.status == 200
+    assert sink.types == [
+        "response.created",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.completed",
+    ]
+    assert [payload for _, _, payload in sink.log] == [
+        event.split(b"data: ")[1][:-2] for event in events
+    ]
+    # Event 1 went out before the app sent chunk 2.
+    assert seen_before_chunk[0] == []
+    assert seen_before_chunk[1] == ["response.created"]
+    assert seen_before_chunk[2] == ["response.created"]
+    assert seen_before_chunk[3] == [
+        "response.created",
+        "response.output_text.delta",
+        "response.output_text.delta",
+    ]
+    assert sink.finished
+
+
+@pytest.mark.anyio
+async def test_sse_answer_in_one_byte_chunks_with_crlf() -> None:
+    sink = Sink()
+    stream = (
+        b'event: response.created\r\ndata: {"type":"response.created"}\r\n\r\n'
+        b": comment\r\n"
+        b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r\n'
+    )
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start(headers=[(b"Content-Type", b"Text/Event-Stream")]))
+        for index in range(len(stream)):
+            await send(body(stream[index : index + 1]))
+        await send(body(b"", more=False))
+
+    await make_call(app, sink).run()
+    assert sink.log == [
+        ("sse", "response.created", b'{"type":"response.created"}'),
+        ("sse", "response.completed", b'{"type":"response.completed"}'),
+    ]
+
+
+@pytest.mark.anyio
+async def test_events_after_the_terminal_one_are_dropped() -> None:
+    sink = Sink()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(
+            body(
+                sse("response.created")
+                + sse("response.completed")
+                + sse("response.output_text.delta", delta="late"),
+            )
+        )
+        await send(body(sse("response.output_text.delta", delta="later"), more=False))
+
+    await make_call(app, sink).run()
+    assert sink.types == ["response.created", "response.completed"]
+
+
+@pytest.mark.anyio
+async def test_stream_without_terminal_event_is_a_server_error() -> None:
+    sink = Sink()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(
+            body(sse("response.created") + b"event: response.completed\ndata: {}\n", more=False)
+        )
+
+    await make_call(app, sink).run()
+    assert sink.types == ["response.created", "error"]
+    error = sink.events[-1]
+    assert error["status"] == 500
+    assert error["error"]["type"] == "server_error"
+    assert "terminal" in error["error"]["message"]
+    ResponseWsError.model_validate(error)
+
+
+@pytest.mark.anyio
+async def test_body_after_the_last_chunk_is_ignored() -> None:
+    sink = Sink()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(body(sse("response.created"), more=False))
+        await send(body(sse("response.completed"), more=False))
+
+    await make_call(app, sink).run()
+    assert sink.types == ["response.created", "error"]
+
+
+# --- JSON answers -------------------------------------------------------------------------------
+
+TEXT_TURN = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+def assert_sdk_events(events: list[dict[str, Any]]) -> None:
+    for event in events:
+        parsed = STREAM_EVENTS[event["type"]].model_validate(event)
+        assert getattr(parsed, "sequence_number", None) == event["sequence_number"]
+
+
+@pytest.mark.anyio
+async def test_json_answer_becomes_lifecycle_events() -> None:
+    sink = Sink()
+    response = response_object()
+    await make_call(json_app(response), sink).run()
+    assert sink.types == TEXT_TURN
+    events = sink.events
+    assert [event["sequence_number"] for event in events] == list(range(len(TEXT_TURN)))
+    assert_sdk_events(events)
+    created = events[0]["response"]
+    assert created["status"] == "in_progress"
+    assert created["output"] == []
+    assert created["id"] == "resp_1"
+    assert events[1]["response"] == created
+    assert events[2]["item"]["content"] == []
+    assert events[2]["item"]["status"] == "in_progress"
+    assert events[3]["part"]["text"] == ""
+    assert events[4]["delta"] == "Hello there"
+    assert events[5]["text"] == "Hello there"
+    assert events[6]["part"] == response["output"][0]["content"][0]
+    assert events[7]["item"] == response["output"][0]
+    assert events[-1]["response"] == response
+    for event in events[3:7]:
+        assert event["item_id"] == "msg_1"
+        assert event["output_index"] == 0
+        assert event["content_index"] == 0
+
+
+@pytest.mark.anyio
+async def test_json_answer_with_every_item_kind() -> None:
+    output = [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city":"Paris"}',
+            "status": "completed",
+        },
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [
+                {"type": "output_text", "text": "a", "annotations": []},
+                {"type": "output_text", "text": "b", "annotations": []},
+            ],
+        },
+    ]
+    response = response_object(output=output)
+    sink = Sink()
+    await make_call(json_app(response), sink).run()
+    assert sink.types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        *(TEXT_TURN[3:7] * 2),
+        "response.output_item.done",
+        "response.completed",
+    ]
+    events = sink.events
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert_sdk_events(events)
+    assert events[2]["item"] == output[0]
+    assert events[4]["item"]["arguments"] == ""
+    assert events[5]["delta"] == events[6]["arguments"] == '{"city":"Paris"}'
+    assert events[6]["name"] == "get_weather"
+    done = [event for event in events if event["type"] == "response.output_item.done"]
+    assert [event["item"] for event in done] == output
+    assert [event["output_index"] for event in done] == [0, 1, 2]
+    assert [e["content_index"] for e in events if e["type"] == "response.output_text.delta"] == [
+        0,
+        1,
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"resp"', b'{"output": "text"}', b""])
+async def test_json_answer_that_is_not_a_response(payload: bytes) -> None:
+    sink = Sink()
+    await make_call(json_app(payload), sink).run()
+    assert sink.types == ["error"]
+    assert sink.events[0]["status"] == 500
+    assert sink.events[0]["error"]["code"] == "server_error"
+
+
+# --- error answers -----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 429])
+async def test_4xx_json_error_becomes_one_error_event(status: int) -> None:
+    error = {
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+        "message": "Too long.",
+        "param": "input",
+    }
+    sink = Sink()
+    await make_call(json_app({"error": error}, status=status), sink).run()
+    assert sink.events == [
+        {"type": "error", "sequence_number": 0, "status": status, "error": error},
+    ]
+    parsed = ResponseWsError.model_validate(sink.events[0])
+    assert parsed.status == status
+
+
+@pytest.mark.anyio
+async def test_4xx_error_body_with_missing_or_odd_fields() -> None:
+    sink = Sink()
+    payload = {"error": {"message": "Nope.", "code": 42, "param": ["input"]}}
+    await make_call(json_app(payload, status=403), sink).run()
+    assert sink.events == [
+        {
+            "type": "error",
+            "sequence_number": 0,
+            "status": 403,
+            "error": {
+                "type": "invalid_request_error",
+                "code": "invalid_request_error",  # a string always: the type stands in
+                "message": "Nope.",
+                "param": None,
+            },
+        }
+    ]
+
+
+@pytest.mark.anyio
+async def test_error_status_with_an_event_stream_content_type_is_read_whole() -> None:
+    sink = Sink()
+    await make_call(
+        json_app({"error": {"message": "x"}}, status=400, headers=SSE_HEADERS), sink
+    ).run()
+    assert sink.types == ["error"]
+    assert sink.events[0]["status"] == 400
+    assert sink.events[0]["error"]["message"] == "x"
+
+
+@pytest.mark.anyio
+async def test_5xx_non_json_body() -> None:
+    sink = Sink()
+    app = json_app(
+        b"  upstream timed out \n", status=502, headers=[(b"content-type", b"text/plain")]
+    )
+    await make_call(app, sink).run()
+    assert sink.events == [
+        {
+            "type": "error",
+            "sequence_number": 0,
+            "status": 502,
+            "error": {
+                "type": "server_error",
+                "code": "server_error",
+                "message": "upstream timed out",
+                "param": None,
+            },
+        }
+    ]
+    ResponseWsError.model_validate(sink.events[0])
+
+
+@pytest.mark.anyio
+async def test_5xx_empty_body() -> None:
+    sink = Sink()
+    await make_call(json_app(b"", status=503), sink).run()
+    (event,) = sink.events
+    assert event["status"] == 503
+    assert event["error"]["type"] == "server_error"
+    assert "503" in event["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_4xx_long_text_body_is_cut() -> None:
+    sink = Sink()
+    await make_call(json_app(b"x" * 5000, status=400), sink).run()
+    (event,) = sink.events
+    assert event["error"]["message"] == "x" * 500
+    assert event["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.anyio
+async def test_an_answer_read_whole_is_bounded_by_max_buffered_answer_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = Sink()
+    await make_call(json_app(b"x" * 100, status=400), sink, max_buffered=100).run()
+    (event,) = sink.events
+    assert (event["status"], event["error"]["message"]) == (400, "x" * 100)
+
+    sink = Sink()
+    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
+        await make_call(json_app(b"x" * 101, status=400), sink, max_buffered=100).run()
+    (event,) = sink.events
+    assert (event["status"], event["error"]["code"]) == (500, "server_error")
+    assert "larger than ws_mode accepts" in caplog.text
+
+
+# --- handler failures --------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_handler_raising_before_start(caplog: pytest.LogCaptureFixture) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        raise ValueError("broken handler")
+
+    sink = Sink()
+    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
+        await make_call(app, sink).run()
+    (event,) = sink.events
+    assert event["status"] == 500
+    assert event["error"]["type"] == "server_error"
+    assert event["error"]["code"] == "server_error"
+    assert "ValueError" in event["error"]["message"]
+    assert "broken handler" in caplog.text
+    ResponseWsError.model_validate(event)
+
+
+@pytest.mark.anyio
+async def test_handler_raising_mid_stream() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(body(sse("response.created") + sse("response.output_text.delta", delta="a")))
+        raise RuntimeError("model crashed")
+
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == ["response.created", "response.output_text.delta", "error"]
+    assert sink.events[0]["status"] == 500
+    assert sink.events[0]["error"]["code"] == "server_error"
+
+
+@pytest.mark.anyio
+async def test_handler_raising_after_the_terminal_event_is_not_reported() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(body(sse("response.completed")))
+        raise RuntimeError("cleanup failed")
+
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == ["response.completed"]
+
+
+@pytest.mark.anyio
+async def test_handler_returning_without_answering() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+
+    sink = Sink()
+    await make_call(app, sink).run()
+    (event,) = sink.events
+    assert event["status"] == 500
+    assert "without answering" in event["error"]["message"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [body(b"early")],
+        [start(), start()],
+    ],
+    ids=["body-before-start", "start-twice"],
+)
+async def test_asgi_protocol_errors_are_server_errors(messages: list[Message]) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        for message in messages:
+            await send(message)
+
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == ["error"]
+    assert sink.events[0]["status"] == 500
+
+
+@pytest.mark.anyio
+async def test_client_gone_propagates() -> None:
+    class LeavingSink(Sink):
+        async def send_text(self, text: str) -> None:
+            raise ClientGone("left")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(start())
+        await send(body(sse("response.created")))
+
+    sink = LeavingSink()
+    with pytest.raises(ClientGone):
+        await make_call(app, sink).run()
+    # The event was framed; its send found the client gone, and nothing more was reported.
+    assert sink.log == [("sse", "response.created", b'{"type":"response.created"}')]
+
+
+# --- receive() ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_receive_gives_the_body_then_blocks_until_cancelled() -> None:
+    received: list[Message] = []
+    waiting: list[asyncio.Task[Message]] = []
+    blocked = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        received.append(await receive())
+        # Like Starlette's listen_for_disconnect: a second receive() in its own task.
+        waiting.append(asyncio.ensure_future(receive()))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(receive(), 0.1)
+        blocked.set()
+        await asyncio.sleep(3600)
+
+    sink = Sink()
+    call = make_call(app, sink, b'{"input":"hi"}')
+    task = asyncio.ensure_future(call.run())
+    await asyncio.wait_for(blocked.wait(), 5)
+    assert received == [{"type": "http.request", "body": b'{"input":"hi"}', "more_body": False}]
+    (waiter,) = waiting
+    assert not waiter.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.wait_for(waiter, 10) == {"type": "http.disconnect"}
+    assert await asyncio.wait_for(call.receive(), 10) == {"type": "http.disconnect"}
+    assert sink.log == []
+
+
+@pytest.mark.anyio
+async def test_receive_after_the_response_is_complete_returns_disconnect() -> None:
+    after: list[Message | str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start())
+        await send(body(sse("response.completed"), more=False))
+        try:
+            after.append(await asyncio.wait_for(receive(), 0.5))
+        except TimeoutError:
+            after.append("still blocked")
+
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == ["response.completed"]
+    assert after == [{"type": "http.disconnect"}]
+
+
+# --- real frameworks ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_starlette_streaming_handler_is_not_cut_short() -> None:
+    async def handler(request: Request) -> StreamingResponse:
+        payload = await request.json()
+        assert payload == {"stream": True}
+        assert request.headers["authorization"] == "Bearer sk-test"
+        assert request.scope["extensions"]["ws_mode"] == "the turn"
+
+        async def events() -> typing.AsyncIterator[bytes]:
+            yield sse("response.created", sequence_number=0)
+            for index in range(5):
+                await asyncio.sleep(0.01)
+                yield sse("response.output_text.delta", sequence_number=index + 1, delta="x")
+            yield sse("response.completed", sequence_number=6)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/responses", handler, methods=["POST"])])
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == [
+        "response.created",
+        *["response.output_text.delta"] * 5,
+        "response.completed",
+    ]
+
+
+@pytest.mark.anyio
+async def test_starlette_json_and_error_handlers() -> None:
+    response = response_object()
+
+    async def ok(request: Request) -> JSONResponse:
+        return JSONResponse(response)
+
+    async def fails(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("quota exhausted", status_code=429)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/responses", ok, methods=["POST"]),
+            Route("/fail", fails, methods=["POST"]),
+        ]
+    )
+    sink = Sink()
+    await make_call(app, sink).run()
+    assert sink.types == TEXT_TURN
+
+    scope = http_scope(
+        WS_SCOPE, path="/fail", headers=handler_headers(WS_SCOPE), body_length=2, extension=None
+    )
+    sink = Sink()
+    await HandlerCall(app, scope, b"{}", sink, max_buffered=1024).run()
+    assert sink.events == [
+        {
+            "type": "error",
+            "sequence_number": 0,
+            "status": 429,
+            "error": {
+                "type": "invalid_request_error",
+                "code": "invalid_request_error",
+                "message": "quota exhausted",
+                "param": None,
+            },
+        }
+    ]
+
+
+@pytest.mark.anyio
+async def test_with_a_response_stream_as_the_sink() -> None:
+    frames: list[str] = []
+    finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+
+    async def send_text(text: str) -> None:
+        frames.append(text)
+
+    stream = ResponseStream(
+        send_text=send_text,
+        stream_id="lane",
+        previous_response_id="resp_0",
+        on_finished=lambda response, output, size: finished.append((response, output)),
+        on_failed=lambda: pytest.fail("the response did not fail"),
+    )
+    response = response_object(previous_response_id=None)
+    await make_call(json_app(response), stream).run()
+    decoded = [orjson.loads(frame) for frame in frames]
+    assert [event["type"] for event in decoded] == TEXT_TURN
+    assert all(event["stream_id"] == "lane" for event in decoded)
+    assert decoded[0]["response"]["previous_response_id"] == "resp_0"
+    assert decoded[-1]["response"]["previous_response_id"] == "resp_0"
+    ((done_response, output),) = finished
+    assert done_response["id"] == "resp_1"
+    assert output == response["output"]
+    assert stream.succeeded

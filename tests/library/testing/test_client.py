@@ -1,0 +1,184 @@
+"""The tools' clients (`ws_mode.testing._client`, `ws_mode.toolkit.http_client`) against the
+reference server under a real uvicorn: a turn read to its terminal event, on any lane or on
+one; lanes of one asyncio socket demultiplexed; frames that are no event, a closed socket and
+HTTP failures each reported as what they are."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from ws_mode import WebSocketModeMiddleware
+from ws_mode.testing._client import (
+    ANY_LANE,
+    FrameError,
+    SocketClosed,
+    connect,
+    connect_async,
+    decode_event,
+    ends_turn,
+    socket_url,
+)
+from ws_mode.testing._loopback import ServerThread
+from ws_mode.toolkit.http_client import HttpClient, HttpStatusError, NotAnEventStream
+from ws_mode.toolkit.reference import ReferenceConfig, create_app
+
+
+async def _binary(websocket: WebSocket) -> None:
+    await websocket.accept()
+    await websocket.send_bytes(b"\x00event")
+    await websocket.send_text("data: {}")
+    await websocket.send_text("[1, 2]")
+    await websocket.close()
+
+
+def _app() -> WebSocketModeMiddleware:
+    reference = create_app(ReferenceConfig(tool_calls=3))
+    reference.router.routes.append(WebSocketRoute("/odd", _binary))
+    return WebSocketModeMiddleware(reference)
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with ServerThread(_app()) as url:
+        yield url
+
+
+def create(text: str, stream_id: str | None = None) -> dict[str, object]:
+    event: dict[str, object] = {"type": "response.create", "model": "m", "input": text}
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event
+
+
+def test_socket_urls_follow_the_scheme() -> None:
+    assert socket_url("http://127.0.0.1:8000/") == "ws://127.0.0.1:8000/v1/responses"
+    assert socket_url("https://example.com", "/x") == "wss://example.com/x"
+    assert socket_url("ws://h:1", "/v1/responses") == "ws://h:1/v1/responses"
+
+
+def test_events_decode_or_say_what_they_are() -> None:
+    assert decode_event('{"type": "error"}') == {"type": "error"}
+    assert decode_event(b'{"type": "error"}') == {"type": "error"}
+    with pytest.raises(FrameError) as not_json:
+        decode_event("event: x")
+    assert not_json.value.kind == "not_json"
+    with pytest.raises(FrameError) as not_object:
+        decode_event("[]")
+    assert not_object.value.kind == "not_object"
+
+
+def test_a_turn_ends_at_a_terminal_event_of_its_lane() -> None:
+    done = {"type": "response.completed", "stream_id": "a"}
+    assert ends_turn(done)
+    assert ends_turn(done, "a")
+    assert not ends_turn(done, "b")
+    assert not ends_turn(done, None)
+    assert ends_turn({"type": "error"}, None)
+    assert not ends_turn({"type": "response.output_text.delta"}, ANY_LANE)
+
+
+def test_a_sync_socket_reads_a_turn_and_a_lane(base_url: str) -> None:
+    with connect(base_url) as socket:
+        size = socket.send(create("hi"))
+        assert size == len(orjson.dumps(create("hi")))
+        events = socket.receive_turn(timeout=10)
+        assert events[0]["type"] == "response.created"
+        assert events[-1]["type"] == "response.completed"
+        # Two lanes at once: the turn of lane "b" ends at b's terminal event, whatever came
+        # of lane "a" meanwhile.
+        socket.send(create("first", "a"))
+        socket.send(create("second", "b"))
+        events = socket.receive_turn("b", timeout=10)
+        assert events[-1]["type"] == "response.completed"
+        assert events[-1]["stream_id"] == "b"
+        if not any(ends_turn(event, "a") for event in events):
+            assert socket.receive_turn("a", timeout=10)[-1]["stream_id"] == "a"
+
+
+def test_a_sync_socket_reports_frames_that_are_no_event_and_the_close(base_url: str) -> None:
+    with connect(base_url, "/odd") as socket:
+        kinds = []
+        for _ in range(3):
+            with pytest.raises(FrameError) as error:
+                socket.receive(timeout=10)
+            kinds.append(error.value.kind)
+        assert kinds == ["binary_frame", "not_json", "not_object"]
+        with pytest.raises(SocketClosed):
+            socket.receive(timeout=10)
+
+
+def test_a_sync_socket_times_a_turn_out(base_url: str) -> None:
+    with connect(base_url) as socket, pytest.raises(TimeoutError):
+        socket.receive_turn(timeout=0.2)  # nothing was asked
+
+
+def test_an_async_socket_demultiplexes_its_lanes(base_url: str) -> None:
+    errors: list[tuple[str, str]] = []
+
+    async def main() -> list[list[dict[str, object]]]:
+        stray = asyncio.Event()
+
+        def on_error(kind: str, detail: str) -> None:
+            errors.append((kind, detail))
+            stray.set()
+
+        async with await connect_async(base_url) as socket:
+            socket.demultiplex([None, "a", "b"], on_error)
+            for lane in (None, "a", "b"):
+                await socket.send(create(f"on {lane}", lane))
+            await socket.send(create("nobody reads this lane", "c"))
+            lanes = ("b", None, "a")
+            async with asyncio.timeout(10):
+                turns = await asyncio.gather(*(socket.receive_turn(lane) for lane in lanes))
+                await stray.wait()  # lane c's events reach no lane
+            return turns
+
+    turns = asyncio.run(main())
+    for lane, events in zip(("b", None, "a"), turns, strict=True):
+        assert events[-1]["type"] == "response.completed"
+        assert all(event.get("stream_id") == lane for event in events)
+    assert errors[0][0] == "unknown_stream_id"
+
+
+def test_an_async_socket_lane_hears_the_close(base_url: str) -> None:
+    errors: list[str] = []
+
+    async def main() -> None:
+        socket = await connect_async(base_url, "/odd")
+        socket.demultiplex([None], lambda kind, detail: errors.append(kind))
+        try:
+            async with asyncio.timeout(10):
+                await socket.receive_turn()
+        finally:
+            await socket.close()
+
+    with pytest.raises(SocketClosed):
+        asyncio.run(main())
+    assert errors == ["binary_frame", "not_json", "not_object"]
+
+
+def test_the_http_client_streams_a_turn_and_reports_failures(base_url: str) -> None:
+    with HttpClient(base_url, timeout=10) as http:
+        body = orjson.dumps({"model": "m", "input": "hi", "stream": True})
+        events = list(http.stream_events("/v1/responses", body))
+        assert events[0]["type"] == "response.created"
+        assert ends_turn(events[-1])
+        answer = http.post_json("/v1/responses", {"model": "m", "input": "hi"})
+        assert answer["object"] == "response"
+        with pytest.raises(NotAnEventStream, match="application/json"):
+            list(http.stream_events("/v1/responses", orjson.dumps({"input": "hi"})))
+        with pytest.raises(HttpStatusError) as missing:
+            http.get_json("/nowhere")
+        assert missing.value.status == 404
+        assert str(missing.value).startswith("HTTP 404: ")
+        bad = {"model": "m", "input": "hi", "metadata": {"reference_tool_calls": "many"}}
+        with pytest.raises(HttpStatusError) as invalid:
+            list(http.stream_events("/v1/responses", orjson.dumps({**bad, "stream": True})))
+        assert invalid.value.status == 400
+        assert invalid.value.envelope["error"]["code"] == "invalid_value"

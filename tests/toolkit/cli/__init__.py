@@ -1,0 +1,1 @@
+"""Tests of the `ws-mode` command (`ws_mode.toolkit.cli`)."""

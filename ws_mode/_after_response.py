@@ -1,0 +1,72 @@
+"""Work that follows a finished response and must not delay the next turn: rendering its
+output (with a `renderer`), the `on_response` hook, a handler still running after its
+terminal event. The connection gives it a grace period when it closes. Store writes are not
+here: they belong to the process and outlive the connection (`ws_mode._persistence`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ._cache import CachedResponse
+from ._handler_call import ClientGone
+from ._hooks import call_hook
+from ._logs import for_log
+from ._settings import Settings
+from ._turn import Turn
+
+__all__ = ["AfterResponses"]
+
+logger = logging.getLogger(__name__)
+
+
+class AfterResponses:
+    """One connection's work after its responses."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, node: CachedResponse, current: Turn, response: dict[str, Any]) -> None:
+        """Start the work that follows a finished response, without waiting for it."""
+        if self.settings.renderer is None and self.settings.on_response is None:
+            return
+        self.keep(asyncio.create_task(self._run(node, current, response)))
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Track work that outlives its turn, so the connection can finish it on close."""
+        self._tasks.add(task)
+        task.add_done_callback(_log_failure)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, node: CachedResponse, current: Turn, response: dict[str, Any]) -> None:
+        await asyncio.sleep(0)  # let the terminal event go out first
+        try:
+            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
+            hook = self.settings.on_response
+            if hook is not None:
+                await call_hook(hook, current, response)
+        except Exception:
+            logger.exception("post-response work failed for %s", for_log(node.id))
+
+    async def finish(self) -> None:
+        """Give work still running a grace period (`Limits.after_response_grace_seconds`),
+        then cancel it."""
+        if not self._tasks:
+            return
+        _done, pending = await asyncio.wait(
+            set(self._tasks), timeout=self.settings.limits.after_response_grace_seconds
+        )
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, ClientGone):
+        logger.error("work after a response failed", exc_info=error)

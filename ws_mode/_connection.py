@@ -1,0 +1,421 @@
+"""One WebSocket mode socket: its receive loop, its sends, its lifetime and its close.
+
+The receive loop parses each frame into a client event; a bad frame gets an error event and
+the loop goes on. Creates go to the connection's lanes (`lanes.py`), which run each one
+through the turn runner (`turn_runner.py`). A watchdog ends a connection whose client stopped
+reading; the lifetime limit and a drain end it with 1001 so clients reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._asgi import Message, Receive, Scope, Send
+from ._auth import AuthenticationFailed, authenticate, failure_code
+from ._budget import PARSE_FACTOR
+from ._cache import ResponseCache
+from ._client_events import (
+    CreateEvent,
+    ProtocolError,
+    SteerEvent,
+)
+from ._frames import held_cost, parse_frame
+from ._handler_call import ClientGone
+from ._lanes import Lanes
+from ._persistence import StoreLink, store_scope
+from ._protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
+from ._settings import Settings
+from ._steering import accepted_event
+from ._turn_runner import TurnRunner
+
+__all__ = ["Connection"]
+
+logger = logging.getLogger(__name__)
+
+# Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
+GOING_AWAY = 1001
+POLICY_VIOLATION = 1008
+
+
+class Connection:
+    """Serves one accepted socket until the client leaves or a limit ends it."""
+
+    def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.stats = settings.stats
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.cache = ResponseCache(
+            max_entries=self.limits.max_cached_responses,
+            max_bytes=self.limits.max_cached_bytes,
+            budget=settings.budget,
+        )
+        self.turns = TurnRunner(
+            settings,
+            scope,
+            self.cache,
+            send_text=self.send_text,
+            send_error=self.send_error,
+            before_successor=self._check_credentials,
+        )
+        self.lanes = Lanes(
+            self.limits,
+            run=self._run_turn,
+            refuse=self._refuse,
+            ends_lane=(ClientGone,),
+            budget=settings.budget,
+        )
+        self.turns.request_done = self.lanes.let_go
+        self._send_gate = _SendGate()
+        self._closed = False
+        self._draining = False
+        self._send_started: float | None = None
+        self._run_task: asyncio.Task[Any] | None = None
+        self._stalled = False
+        self._active_at = 0.0  # the loop time of the last frame or finished turn
+        self._authenticated_at = 0.0
+        self._owner: str | None = None  # whose stored responses this connection sees
+        self._refused = False  # the credentials were refused: nothing more runs
+
+    # The socket.
+
+    async def run(
+        self, *, principal: Any = None, owner: str | None = None, subprotocol: str | None = None
+    ) -> None:
+        """Accept the socket and serve it as `principal`, whose stored responses are those of
+        `owner` (`ws_mode._persistence.store_scope`); return when it is closed."""
+        self.turns.principal, self._owner = principal, owner
+        if self.settings.store is not None and owner is not None:
+            self.turns.store = StoreLink(self.settings.store, self.stats, owner, self.limits)
+        self._authenticated_at = asyncio.get_running_loop().time()
+        accept: dict[str, Any] = {"type": "websocket.accept"}
+        if subprotocol is not None:
+            accept["subprotocol"] = subprotocol
+        await self._send(accept)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.max_connection_seconds
+        idle = self.limits.max_idle_seconds
+        self._active_at = loop.time()
+        self._run_task = asyncio.current_task()
+        watchdog = asyncio.create_task(self._watch_sends())
+        try:
+            while True:
+                wake = deadline if idle is None else min(deadline, self._active_at + idle)
+                try:
+                    async with asyncio.timeout_at(wake):
+                        message = await self._receive()
+                except TimeoutError:
+                    if loop.time() >= deadline:
+                        minutes = self.limits.max_connection_seconds / 60
+                        await self._end(
+                            "websocket_connection_limit_reached",
+                            f"Responses websocket connection limit reached ({minutes:g} "
+                            "minutes). Create a new websocket connection to continue.",
+                            "connection lifetime limit reached",
+                        )
+                        return
+                    if self.lanes.tasks():  # a turn in flight is not idleness
+                        self._active_at = loop.time()
+                        continue
+                    if loop.time() >= self._active_at + (idle or 0.0):
+                        await self._end(
+                            "websocket_idle_timeout",
+                            f"No request for {idle:g} seconds (Limits.max_idle_seconds); the "
+                            "connection is closed. Open a new one to continue.",
+                            "idle timeout",
+                        )
+                        return
+                    continue
+                self._active_at = loop.time()
+                kind = message["type"]
+                if kind == "websocket.receive":
+                    await self._on_frame(message)
+                elif kind == "websocket.disconnect":
+                    return
+        except ClientGone:
+            return
+        except asyncio.CancelledError:
+            if not self._stalled:
+                raise
+            # The watchdog ended a connection whose client stopped reading.
+            self._run_task.uncancel()  # type: ignore[union-attr]
+            return
+        finally:
+            self._closed = True
+            watchdog.cancel()
+            await self.lanes.stop()
+            await self.turns.after.finish()
+            self.cache.clear()
+            self.turns.steering.close()
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests, let running and queued turns finish for up to `grace`
+        seconds, then close with 1001 so clients reconnect elsewhere."""
+        self._draining = True
+        deadline = asyncio.get_running_loop().time() + grace
+        while tasks := self.lanes.tasks():
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            await asyncio.wait(tasks, timeout=remaining)
+        await self.lanes.stop()
+        await self._close(GOING_AWAY, "server shutting down")
+
+    async def _end(self, code: str, message: str, reason: str) -> None:
+        """Tell the client why the connection ends, then close with 1001 so it reconnects.
+
+        The lanes stop first, so the error is the last event before the close."""
+        await self.lanes.stop()
+        with contextlib.suppress(ClientGone):
+            await self.send_error(error_event(400, "invalid_request_error", code, message))
+        await self._close(GOING_AWAY, reason)
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # A client that stopped reading may never let the close frame out: bound the wait,
+        # the server drops the connection when the app returns.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.limits.close_timeout_seconds):
+                await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+    async def send_text(self, text: str) -> None:
+        """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
+        if self._closed:
+            raise ClientGone("the WebSocket is closed")
+        gate = self._send_gate
+        if gate.held:
+            await gate.wait()
+        else:
+            gate.held = True
+        # The watchdog reads these: a send that stays pending means a client not reading.
+        self._send_started = time.monotonic()
+        try:
+            await self._send({"type": "websocket.send", "text": text})
+        except Exception as exc:  # servers raise OSError or their own errors here
+            self._closed = True
+            raise ClientGone("the WebSocket client went away") from exc
+        finally:
+            self._send_started = None
+            if gate.waiters:
+                gate.release()
+            else:
+                gate.held = False
+
+    async def _watch_sends(self) -> None:
+        """Disconnect a client that leaves a frame unread for `max_send_stall_seconds`.
+
+        One check per quarter of the limit instead of a timeout per frame: the frames of a
+        turn stream at thousands per second, and they should cost next to nothing.
+        """
+        stall = self.limits.max_send_stall_seconds
+        while True:
+            await asyncio.sleep(stall / 4)
+            started = self._send_started
+            if started is None or time.monotonic() - started < stall:
+                continue
+            # The server's buffer is full and stays full.
+            logger.warning("closing a WebSocket mode connection whose client stopped reading")
+            self._stalled = True
+            await self._close(POLICY_VIOLATION, "client too slow to read its events")
+            # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
+            # its own cancellation as the end of the connection.
+            self.lanes.cancel()
+            if self._run_task is not None:
+                self._run_task.cancel()
+            return
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """Encode and send one server event."""
+        await self.send_text(encode_event(event))
+
+    async def send_error(self, event: dict[str, Any]) -> None:
+        """Send an error event of the connection's own, counting it."""
+        self.stats.error(event["error"]["code"])
+        await self.send_text(encode_event(event))
+
+    # Frames.
+
+    async def _on_frame(self, message: Message) -> None:
+        text = message.get("text")
+        self.stats.bytes_received += (
+            len(text) if text is not None else len(message.get("bytes") or b"")
+        )
+        if text is None:
+            await self.send_error(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "unsupported_frame",
+                    "Binary frames are not supported; send each event as JSON in a text frame.",
+                )
+            )
+            return
+        if self._too_large(text):
+            await self.send_error(
+                error_event(
+                    400,
+                    "invalid_request_error",
+                    "message_too_large",
+                    f"The message is larger than the server's limit of "
+                    f"{self.limits.max_message_bytes} bytes (Limits.max_message_bytes).",
+                )
+            )
+            return
+        # The memory budget holds what parsing may cost at its peak until the frame is parsed;
+        # a frame it cannot hold is refused unread, the connection and its cache kept.
+        budget = self.settings.budget
+        parsing = len(text) * PARSE_FACTOR
+        if not budget.reserve(parsing):
+            await self.send_error(memory_budget_exceeded("this message"))
+            return
+        try:
+            try:
+                event = await parse_frame(text)
+            finally:
+                budget.release(parsing)
+            if isinstance(event, CreateEvent):
+                self._submit(event, held_cost(text, event))  # credentials checked when it runs
+            elif isinstance(event, SteerEvent):
+                await self._on_steer(event)
+            # A `response.processed` acknowledgement needs no answer.
+        except ProtocolError as exc:
+            # A busy lane answers it after what runs before it.
+            if not self.lanes.refuse_in_order(exc):
+                await self.send_error(exc.event())
+
+    def _too_large(self, text: str) -> bool:
+        limit = self.limits.max_message_bytes
+        # Characters never outnumber bytes, and UTF-8 never takes more than 4 per character.
+        if len(text) > limit:
+            return True
+        return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+
+    async def _on_steer(self, steer: SteerEvent) -> None:
+        await self._check_credentials()
+        target = steer.previous_response_id
+        active = next(
+            (s for s in self.turns.streams if s.response_id == target and not s.finished), None
+        )
+        node = self.cache.get(target) if active is None else None
+        lane = active.stream_id if active is not None else node.stream_id if node else None
+        result = self.turns.steering.accept(
+            steer,
+            active.inbox if active is not None else None,
+            lane,
+            streaming=active is not None,
+            known=node is not None,
+        )
+        if isinstance(result, dict):
+            await self.send_event(result)
+            return
+        assert active is not None  # accepted: the response is streaming
+        event = accepted_event(result, lane)
+        event["sequence_number"] = active.next_sequence_number()
+        await self.send_event(event)
+
+    # Requests.
+
+    def _submit(self, create: CreateEvent, cost: int = 0) -> None:
+        if self._draining:
+            raise ProtocolError(
+                "The server is shutting down; reconnect to continue.",
+                code="server_shutting_down",
+                status=503,
+                type="server_error",
+                stream_id=create.stream_id,
+            )
+        self.lanes.submit(create, cost)
+
+    async def _check_credentials(
+        self, give_back: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
+        starts (a turn, queued or steered; a steer). A refused principal, or one of another
+        store scope, gets an error event and a close (1008); `ClientGone` ends the work.
+        `give_back` runs first on a refusal: what the refused work held goes back to the
+        client (a successor's steering input) while the socket is still open."""
+        if self._refused:
+            raise ClientGone("the credentials were refused")
+        settings = self.settings
+        hook, every = settings.authenticate, settings.reauthenticate_seconds
+        now = asyncio.get_running_loop().time()
+        if hook is None or every is None or now - self._authenticated_at < every:
+            return
+        try:
+            principal = await authenticate(hook, self.scope)
+            owner = None
+            if settings.store is not None:
+                owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+            if owner != self._owner:  # another caller on this socket: the cache is not theirs
+                message = "The credentials now name another principal."
+                raise AuthenticationFailed(message, status=403)
+        except AuthenticationFailed as exc:
+            if not self._refused:  # another turn's check may have refused them meanwhile
+                self._refused = True
+                if give_back is not None:
+                    with contextlib.suppress(ClientGone):
+                        await give_back()
+                kind = error_type_for_status(exc.status)
+                event = error_event(exc.status, kind, failure_code(exc), exc.message)
+                with contextlib.suppress(ClientGone):
+                    await self.send_error(event)
+                await self.lanes.stop()  # all but the lane this may run in: ClientGone ends it
+                await self._close(POLICY_VIOLATION, "credentials no longer accepted")
+            raise ClientGone("the credentials were refused") from None
+        self.turns.principal = principal
+        self._authenticated_at = now
+
+    async def _run_turn(self, create: CreateEvent) -> None:
+        try:
+            await self._check_credentials()  # as it starts: it may have waited in its lane
+            await self.turns.run(create)
+        finally:
+            self._active_at = asyncio.get_running_loop().time()
+
+    async def _refuse(self, error: ProtocolError) -> None:
+        await self.send_error(error.event())
+
+
+class _SendGate:
+    """One send at a time on the socket, served in order: a lock whose uncontended taking is
+    one attribute (this runs once per event; `asyncio.Lock.acquire` is a coroutine each time).
+
+    Take it with `if gate.held: await gate.wait()` else `gate.held = True`; `release()` hands
+    it to the next waiter, if any.
+    """
+
+    __slots__ = ("held", "waiters")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def wait(self) -> None:
+        """Wait until a `release()` hands the gate over (it is then held for this caller)."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # handed over just as this waiter was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        """Hand the gate to the first waiter still waiting, or leave it free."""
+        while self.waiters:
+            future = self.waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self.held = False

@@ -1,0 +1,325 @@
+"""A response's events on their way to the socket, and the events of a finished response.
+
+Every event is checked to be a JSON object (a handler that sends anything else gets an error
+event for its turn), but most go out as the handler encoded them: the data's own `type` names
+it (read by the `ResponseTap`, which stateful HTTP shares), and a lane's `stream_id` is spliced
+into the encoded object. Only the events that
+carry the response object (`response.created`, `response.completed`, ...), finished output items
+and errors are re-encoded: the first to echo the client's `previous_response_id`, the terminal
+ones to advance the cache before the client hears the response finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import orjson
+
+from ._cache import decoded_size
+from ._logs import for_log
+from ._protocol import DECODED_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from ._steering import SteerInbox
+from ._tap import ResponseTap
+
+__all__ = ["ResponseStream", "lifecycle_events"]
+
+logger = logging.getLogger(__name__)
+
+
+class ResponseStream:
+    """Decorates and forwards the events of one response; remembers how it ended (its `tap`).
+
+    `on_finished(response, output, size)` runs on a terminal success before that event is sent
+    (`size`: the response object's decoded size, for the cache's accounting),
+    `on_failed()` on a failure; `send_text` sends one frame (raising `ClientGone` when the
+    client left).
+    """
+
+    __slots__ = (
+        "_prefix",
+        "_sent",
+        "ended",
+        "finished",
+        "inbox",
+        "on_failed",
+        "on_finished",
+        "send_text",
+        "steered",
+        "stream_id",
+        "tap",
+    )
+
+    def __init__(
+        self,
+        *,
+        send_text: Callable[[str], Awaitable[None]],
+        stream_id: str | None,
+        previous_response_id: str | None,
+        on_finished: Callable[[dict[str, Any], list[dict[str, Any]], int], None],
+        on_failed: Callable[[], None],
+        inbox: SteerInbox | None = None,
+    ) -> None:
+        self.send_text = send_text
+        #: Steering input queued for this response (None: steering is off).
+        self.inbox = inbox
+        #: The response was ended at an output boundary for steering input.
+        self.steered = False
+        self.tap = ResponseTap(previous_response_id)
+        self.stream_id = stream_id
+        self.on_finished = on_finished
+        self.on_failed = on_failed
+        self.finished = False
+        #: Set when the response ended (`finished`), for whoever waits on it.
+        self.ended = asyncio.Event()
+        self._sent = 0  # events sent so far: the next one's sequence_number
+        self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
+
+    @property
+    def succeeded(self) -> bool:
+        """The response finished well."""
+        return self.tap.succeeded
+
+    @property
+    def failure(self) -> str | None:
+        """The error code the response failed with (`response_failed` when it had none)."""
+        return self.tap.failure
+
+    @property
+    def output(self) -> list[dict[str, Any]] | None:
+        """The finished response's output items (None until it finished well)."""
+        return self.tap.output
+
+    @property
+    def response_id(self) -> str | None:
+        """The response's id, once an event carried it."""
+        return self.tap.response_id
+
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        """One event of the handler's SSE stream: the frame that forwards it as it was encoded
+        (the lane spliced in, counted as sent); the event decoded when it must go through
+        :meth:`handler_event` instead (it carries the response or an error); None when it is
+        no JSON object.
+
+        The tap decodes it (the data's own `type` decides). Synchronous, so a chunk's events
+        go out with no await but the sends themselves.
+        """
+        event = self.tap.decode(event_type, data)
+        if event is None:
+            return None
+        kind = event.get("type")
+        if kind.__class__ is str and kind in DECODED_EVENTS:
+            if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
+                return event
+            self.tap.remember_item(event)
+        prefix = self._prefix
+        if prefix is not None:
+            data = data.strip()
+            if data[1:2] == b'"':  # `{"key":...}`: splice the lane in after the brace
+                data = prefix + data[1:]
+            else:
+                rest = data[1:].lstrip()
+                data = prefix + rest if rest != b"}" else prefix[:-1] + b"}"
+        self._sent += 1
+        return data.decode()  # orjson accepted it, so it is valid UTF-8
+
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        """Forward an event of the handler's stream that :meth:`frame` decoded (None: one that
+        was no JSON object, answered with an error for the turn)."""
+        if event is None:
+            logger.warning("the handler sent an SSE event that is not a JSON object")
+            event = server_error("The handler sent an event that is not a JSON object.")
+            await self.event(event)
+            return
+        await self.event(event, from_handler=True)
+
+    def next_sequence_number(self) -> int:
+        """The sequence number for an event ws_mode sends about this response."""
+        number = self._sent
+        self._sent += 1
+        return number
+
+    async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        """Forward one event of the handler's SSE stream."""
+        if self.finished:
+            return
+        framed = self.frame(event_type, data)
+        if isinstance(framed, str):
+            await self.send_text(framed)
+        else:
+            await self.handler_event(framed)
+
+    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+        """Forward an event given as an object, updating the stream's state from it.
+
+        An error event ws_mode made (not `from_handler`) is numbered after the events sent
+        before it.
+        """
+        if self.finished:
+            return
+        kind = event.get("type")
+        if kind == "error":
+            event = _nested_error(event)
+            if not from_handler or not isinstance(event.get("sequence_number"), int):
+                event["sequence_number"] = self._sent
+        tap = self.tap
+        tap.see(event)
+        if self.stream_id is not None:
+            event["stream_id"] = self.stream_id
+        text = orjson.dumps(event).decode()
+        # The cache advances before the client hears the response finished, so it can
+        # continue from it at once, on any lane.
+        if tap.finished:
+            self.finished = True
+            self.ended.set()
+            if tap.response is not None and tap.output is not None:
+                self.on_finished(tap.response, tap.output, decoded_size(text))
+            elif tap.failure is not None:
+                self.on_failed()
+        self._sent += 1
+        await self.send_text(text)
+        if kind == "response.output_item.done" and self.inbox is not None and self.inbox.cuts:
+            await self._cut()
+
+    async def _cut(self) -> None:
+        """End the response here for the steering input queued, unless an item the client
+        must answer is out (steering never cancels tools)."""
+        tap = self.tap
+        if tap.client_calls or tap.started is None or self.finished:
+            return
+        response = {
+            **tap.started,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "steered"},
+            "output": tap.items_so_far(),
+        }
+        self.steered = True
+        cut = {"type": "response.incomplete", "sequence_number": self._sent, "response": response}
+        await self.event(cut)
+
+
+def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
+    """An SSE `error` event (flat `code`/`message`/`param`) in the socket's nested envelope."""
+    error = event.get("error")
+    fields = error if isinstance(error, dict) else event
+    kind = _text(fields.get("type") if fields is error else event.get("error_type"))
+    status = event.get("status")
+    kind = kind or "server_error"
+    nested: dict[str, Any] = {
+        "type": "error",
+        "status": status if isinstance(status, int) else (400 if kind != "server_error" else 500),
+        "error": {
+            **(error if isinstance(error, dict) else {}),
+            "type": kind,
+            "code": _text(fields.get("code")) or kind,
+            "message": _text(fields.get("message")) or "The handler reported an error.",
+            "param": _text(fields.get("param")),
+        },
+    }
+    if isinstance(event.get("sequence_number"), int):
+        nested["sequence_number"] = event["sequence_number"]
+    return nested
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def lifecycle_events(
+    response: dict[str, Any], *, in_progress: bool = True
+) -> Iterable[dict[str, Any]]:
+    """The events an SSE stream would have carried for a finished response object
+    (`in_progress=False` leaves out `response.in_progress`, as a warm-up does)."""
+    output: list[Any] = response.get("output") or []
+    status = response.get("status") or "completed"
+    terminal = TERMINAL_EVENT_BY_STATUS.get(status)
+    if terminal is None:
+        logger.warning("the handler answered with a response whose status is %s", for_log(status))
+        yield server_error(
+            f"The handler answered with a response whose status is {status!r}, not finished."
+        )
+        return
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    seq = _Counter()
+    yield {"type": "response.created", "sequence_number": seq(), "response": started}
+    if in_progress:
+        yield {"type": "response.in_progress", "sequence_number": seq(), "response": started}
+    for index, item in enumerate(output):
+        if not isinstance(item, dict):
+            continue
+        yield from _item_events(index, item, seq)
+    yield {"type": terminal, "sequence_number": seq(), "response": response}
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.value = -1
+
+    def __call__(self) -> int:
+        self.value += 1
+        return self.value
+
+
+def _item_events(index: int, item: dict[str, Any], seq: _Counter) -> Iterable[dict[str, Any]]:
+    kind = item.get("type")
+    item_id = item.get("id")
+    if kind == "message":
+        started: dict[str, Any] = {**item, "status": "in_progress", "content": []}
+    elif kind == "function_call":
+        started = {**item, "status": "in_progress", "arguments": ""}
+    else:
+        started = item
+    yield {
+        "type": "response.output_item.added",
+        "sequence_number": seq(),
+        "output_index": index,
+        "item": started,
+    }
+    if kind == "message":
+        for part_index, part in enumerate(item.get("content") or []):
+            if not isinstance(part, dict):
+                continue
+            where = {"item_id": item_id, "output_index": index, "content_index": part_index}
+            text = part.get("text")
+            empty = {**part, "text": ""} if isinstance(text, str) else part
+            yield {
+                "type": "response.content_part.added",
+                "sequence_number": seq(),
+                **where,
+                "part": empty,
+            }
+            if part.get("type") == "output_text" and isinstance(text, str):
+                delta = {"type": "response.output_text.delta", "delta": text, "logprobs": []}
+                yield {**delta, "sequence_number": seq(), **where}
+                done = {"type": "response.output_text.done", "text": text, "logprobs": []}
+                yield {**done, "sequence_number": seq(), **where}
+            yield {
+                "type": "response.content_part.done",
+                "sequence_number": seq(),
+                **where,
+                "part": part,
+            }
+    elif kind == "function_call":
+        arguments = item.get("arguments") or ""
+        where = {"item_id": item_id, "output_index": index}
+        yield {
+            "type": "response.function_call_arguments.delta",
+            "sequence_number": seq(),
+            **where,
+            "delta": arguments,
+        }
+        yield {
+            "type": "response.function_call_arguments.done",
+            "sequence_number": seq(),
+            **where,
+            "arguments": arguments,
+            "name": item.get("name"),
+        }
+    yield {
+        "type": "response.output_item.done",
+        "sequence_number": seq(),
+        "output_index": index,
+        "item": item,
+    }

@@ -1,0 +1,302 @@
+"""The in-process HTTP call: one turn sent to the wrapped app, its answer turned into events.
+
+No socket and no loopback hop: the app is called as an ASGI application with a synthetic
+`http` scope. Its answer is read as it is sent: an SSE stream is decoded incrementally and
+each event handed on at once; a JSON response object becomes the lifecycle events an SSE
+stream would have carried; a 4xx/5xx becomes one error event with the handler's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+
+from ._asgi import ASGIApp, Message, Receive, Scope
+from ._events import lifecycle_events
+from ._headers import end_to_end, header
+from ._logs import for_log
+from ._protocol import error_event, server_error
+from ._sse import SSEDecoder, content_type, is_event_stream
+
+__all__ = [
+    "ClientGone",
+    "EventSink",
+    "HandlerCall",
+    "handler_headers",
+    "http_scope",
+    "replay_body",
+]
+
+logger = logging.getLogger(__name__)
+
+# Headers the synthetic request sets itself, and `accept-encoding` (a compressing middleware
+# inside would compress the event stream).
+_SET_HERE = (b"accept-encoding", b"content-length", b"content-type", b"accept", b"host")
+
+
+class ClientGone(OSError):
+    """The WebSocket client went away; raised from the handler's `send()`."""
+
+
+class EventSink(Protocol):
+    """Where the events of one handler call go (the connection's response stream)."""
+
+    finished: bool
+    #: Sends one frame to the client (raising `ClientGone` when it left).
+    send_text: Callable[[str], Awaitable[None]]
+
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+        """An event of the handler's SSE stream (the `event:` field, or None, and the data):
+        the frame that forwards it as it is, or the event decoded to go through
+        `handler_event`, or None when it is no JSON object."""
+
+    async def handler_event(self, event: dict[str, Any] | None) -> None:
+        """An event `frame` decoded (or None, for one that was no JSON object)."""
+
+    async def event(self, event: dict[str, Any]) -> None:
+        """An event ws_mode built (from a JSON answer, or an error)."""
+
+
+def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The handshake's headers the handler should see on every turn, plus the fixed ones."""
+    headers = end_to_end(ws_scope.get("headers", []), _SET_HERE)
+    host = header(ws_scope, b"host")
+    if host is not None:
+        headers.insert(0, (b"host", host))
+    headers.append((b"content-type", b"application/json"))
+    headers.append((b"accept", b"text/event-stream"))
+    return headers
+
+
+def http_scope(
+    ws_scope: Scope,
+    *,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body_length: int,
+    extension: object,
+) -> Scope:
+    """The synthetic `http` scope of one turn, modelled on the socket's handshake."""
+    scheme = "https" if ws_scope.get("scheme") in ("wss", "https") else "http"
+    extensions = dict(ws_scope.get("extensions") or {})
+    extensions.pop("websocket.http.response", None)
+    extensions["ws_mode"] = extension
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": scheme,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": ws_scope.get("root_path", ""),
+        "query_string": ws_scope.get("query_string", b""),
+        "headers": [*headers, (b"content-length", str(body_length).encode())],
+        "client": ws_scope.get("client"),
+        "server": ws_scope.get("server"),
+        "extensions": extensions,
+    }
+    if "state" in ws_scope:
+        scope["state"] = dict(ws_scope["state"])
+    if "app" in ws_scope:
+        scope["app"] = ws_scope["app"]  # Starlette's `request.app`, when ws_mode sits inside it
+    return scope
+
+
+class HandlerCall:
+    """One call of the wrapped app; a fresh object per turn, like Starlette's responders."""
+
+    def __init__(
+        self, app: ASGIApp, scope: Scope, body: bytes, sink: EventSink, *, max_buffered: int
+    ) -> None:
+        self.app = app
+        self.scope = scope
+        self.body = body
+        self.sink = sink
+        # An error or JSON answer is read whole; past this size
+        # (`Limits.max_buffered_answer_bytes`) the handler is misbehaving.
+        self.max_buffered = max_buffered
+        self.status: int | None = None
+        self._streaming = False
+        self._content_type = b""
+        self._decoder = SSEDecoder()
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._body_sent = False
+        self._complete = False
+        self._disconnected = asyncio.Event()
+        self._client_gone = False
+
+    async def run(self) -> None:
+        """Call the app and hand its answer to the sink. Cancel the task to abandon it."""
+        try:
+            await self.app(self.scope, self.receive, self.send)
+        except Exception as exc:
+            if self._client_gone:
+                # The app saw the client leave through our send() and gave up; not a fault.
+                raise ClientGone("the WebSocket client went away") from exc
+            logger.exception("the handler raised while answering a WebSocket mode turn")
+            if not self.sink.finished:
+                await self.sink.event(server_error(f"The handler failed: {type(exc).__name__}."))
+            return
+        finally:
+            # Whatever still waits on `receive()` (a disconnect listener) learns the call ended.
+            self._disconnected.set()
+        await self._finish()
+
+    async def receive(self) -> Message:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        # Returning `http.disconnect` early would make frameworks cut streams short: wait
+        # until the turn is abandoned.
+        await self._disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            if self._complete:
+                return
+            if self.status is None:
+                raise RuntimeError(
+                    "Expected ASGI message 'http.response.start', but got 'http.response.body'."
+                )
+            if not message.get("more_body", False):
+                self._complete = True
+                # Past the response, `receive()` reports the disconnect (ASGI spec).
+                self._disconnected.set()
+            if self.sink.finished:
+                return  # what follows the terminal event reaches nobody
+            body: bytes = message.get("body", b"")
+            if self._streaming:
+                # The chunk's events in one pass: each one awaits only its own send.
+                sink = self.sink
+                try:
+                    for event_type, data in self._decoder.feed(body):
+                        if sink.finished:
+                            break
+                        framed = sink.frame(event_type, data)
+                        if isinstance(framed, str):
+                            await sink.send_text(framed)
+                        else:
+                            await sink.handler_event(framed)
+                except ClientGone:
+                    self._client_gone = True
+                    raise
+            elif body:
+                self._buffered += len(body)
+                if self._buffered > self.max_buffered:
+                    raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
+                self._buffer.append(body)
+        elif kind == "http.response.start":
+            if self.status is not None:
+                raise RuntimeError("The handler sent 'http.response.start' twice.")
+            self.status = int(message["status"])
+            self._content_type = content_type(message.get("headers", ()))
+            self._streaming = self.status < 300 and is_event_stream(self._content_type)
+        # Other messages (trailers, extensions we did not offer) carry nothing for the client.
+
+    async def _finish(self) -> None:
+        if self.sink.finished:
+            return
+        if self.status is None:
+            logger.warning("the handler returned without answering a WebSocket mode turn")
+            await self.sink.event(server_error("The handler returned without answering."))
+            return
+        if self._streaming:
+            logger.warning("the handler's event stream ended before a terminal event")
+            await self.sink.event(
+                server_error("The handler's event stream ended before a terminal event.")
+            )
+            return
+        body = b"".join(self._buffer)
+        if self.status >= 300:
+            if self.status >= 500:
+                logger.warning(
+                    "the handler answered a WebSocket mode turn with HTTP %d: %s",
+                    self.status,
+                    for_log(body),
+                )
+            await self.sink.event(_error_from_answer(self.status, body))
+            return
+        try:
+            response = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            response = None
+        if (
+            isinstance(response, dict)
+            and isinstance(response.get("error"), dict)
+            and not isinstance(response.get("output"), list)
+        ):
+            # An error body sent with a 2xx status is still an error.
+            logger.warning(
+                "the handler answered HTTP %d with an error body: %s",
+                self.status,
+                for_log(body),
+            )
+            await self.sink.event(_error_from_answer(500, body))
+            return
+        if not (
+            isinstance(response, dict)
+            and isinstance(response.get("id"), str)
+            and isinstance(response.get("output", []), list)
+        ):
+            logger.warning(
+                "the handler answered HTTP %d with %s, neither an event stream "
+                "(text/event-stream) nor a response object (application/json): %s",
+                self.status,
+                for_log(self._content_type) if self._content_type else "no content-type",
+                for_log(body),
+            )
+            await self.sink.event(
+                server_error("The handler answered with neither an event stream nor a response.")
+            )
+            return
+        for event in lifecycle_events(response):
+            await self.sink.event(event)
+            if self.sink.finished:
+                return
+
+
+def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
+    """The error event for a handler's 4xx/5xx answer, keeping its error body."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        shown = body[:500].decode("utf-8", "replace").strip()
+        error = {"message": shown} if shown else {}
+
+    def text(key: str) -> str | None:
+        value = error.get(key)
+        return value if isinstance(value, str) else None
+
+    return error_event(
+        status,
+        text("type") or ("invalid_request_error" if status < 500 else "server_error"),
+        text("code"),
+        text("message") or f"The handler answered HTTP {status}.",
+        param=text("param"),
+    )
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives an app `body` as the whole request first, then whatever
+    `receive` gives (the disconnect): for a middleware that read the body itself."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

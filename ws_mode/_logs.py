@@ -1,0 +1,130 @@
+"""What ws_mode's log lines say, and where they go.
+
+Every logger is under ``ws_mode`` (``ws_mode._connection``, ``ws_mode._handler_call``, ...), so
+``logging.getLogger("ws_mode")`` filters them all.
+
+**The library configures nothing.** Importing ws_mode or making a middleware adds no handler
+and no filter to any logger: the records propagate to whatever the application configured
+(``logging.basicConfig``, Django's ``LOGGING``, a ``dictConfig``). Until it configures
+something, Python's last resort prints warnings and errors to stderr as bare messages. Two
+helpers are for the programs that start a server on purpose:
+
+- :func:`show_on_stderr`: ws_mode's warnings and errors on stderr with their level and logger,
+  in uvicorn's style (``WARNING:  ws_mode._handler_call: ...``), until the root logger has a
+  handler of its own. The ``ws-mode`` command line calls it.
+- :class:`RefusalLineFilter`: uvicorn's ``websockets-sansio`` protocol logs
+  ``ERROR: ASGI callable returned without completing handshake.`` after every upgrade refused
+  with an HTTP answer (ws_mode's 426, 401, 403): the answer went out correctly, uvicorn forgets
+  it did. The filter drops that one line for the refusals ws_mode made, and only for those.
+  :func:`filter_uvicorn_refusals` installs it on ``uvicorn.error``; ``ws_mode.server.Server``
+  and the command line do. Running uvicorn yourself, add it once at startup::
+
+      logging.getLogger("uvicorn.error").addFilter(ws_mode._logs.RefusalLineFilter())
+
+**Client values in log lines.** Anything a client sent (a ``previous_response_id``, an id in a
+path, a handler body echoing its request) goes into a line through :func:`for_log`: control
+characters escaped as ``repr`` does, so a newline cannot forge a second line, and cut to a
+bound, so a 1 MiB id does not make a 1 MiB line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+from typing import Final
+
+__all__ = [
+    "LOG_VALUE_CHARS",
+    "RefusalLineFilter",
+    "filter_uvicorn_refusals",
+    "for_log",
+    "refused_here",
+    "show_on_stderr",
+]
+
+LOGGER: Final = "ws_mode"
+#: How many characters of a value :func:`for_log` keeps by default: an id is about 50.
+LOG_VALUE_CHARS: Final = 200
+_UVICORN_LINE: Final = "ASGI callable returned without completing handshake."
+_refused: contextvars.ContextVar[bool] = contextvars.ContextVar("ws_mode_refused", default=False)
+
+
+def for_log(value: object, limit: int = LOG_VALUE_CHARS) -> str:
+    """`value` as it may go in a log line: a string quoted and escaped as ``repr`` writes it
+    (``'resp_1\\nFAKE'``); bytes decoded as UTF-8 (undecodable ones replaced), then the same;
+    an exception as ``ConnectionError: its message`` (some libraries' ``repr`` leaves the
+    message out); anything else as its ``repr``; in those two, each character that is not
+    printable escaped. At most `limit` characters (or bytes) of it, then ``... (N characters)``.
+
+    The result is at most about ten times `limit` long (an escaped character takes up to ten)."""
+    if isinstance(value, bytes | bytearray):
+        size, unit = len(value), "bytes"
+        text = bytes(value[:limit]).decode("utf-8", "replace")
+    else:
+        text = value if isinstance(value, str) else _text(value)
+        size, unit = len(text), "characters"
+        text = text[:limit]
+    if isinstance(value, str | bytes | bytearray):
+        escaped = repr(text)
+    else:
+        escaped = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return f"{escaped}... ({size} {unit})" if size > limit else escaped
+
+
+def _text(value: object) -> str:
+    if isinstance(value, BaseException):
+        message = str(value)
+        return f"{type(value).__name__}: {message}" if message else type(value).__name__
+    return repr(value)
+
+
+class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
+    """Prints ws_mode's records while the root logger has no handler of its own."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return  # the application's handlers print it (the record propagates to them)
+        super().emit(record)
+
+
+class _Format(logging.Formatter):
+    """``WARNING:  ws_mode._handler_call: message``: the level as uvicorn prints its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname}:"
+        return f"{level:<9} {record.name}: {super().format(record)}"
+
+
+class RefusalLineFilter(logging.Filter):
+    """Drops uvicorn's ``ASGI callable returned without completing handshake.`` error after an
+    upgrade ws_mode refused with an HTTP answer; every other record passes. Add it to the
+    ``uvicorn.error`` logger (:func:`filter_uvicorn_refusals`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_refused.get() and record.getMessage() == _UVICORN_LINE)
+
+
+def show_on_stderr() -> None:
+    """Print ws_mode's warnings and errors to stderr in uvicorn's style while the application
+    has configured no logging of its own; once per process. For programs (the ``ws-mode``
+    command line), not for libraries."""
+    ws_mode = logging.getLogger(LOGGER)
+    if any(isinstance(handler, _UntilConfigured) for handler in ws_mode.handlers):
+        return
+    handler = _UntilConfigured(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_Format())
+    ws_mode.addHandler(handler)
+
+
+def filter_uvicorn_refusals() -> None:
+    """Add :class:`RefusalLineFilter` to ``uvicorn.error``, once per process."""
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(each, RefusalLineFilter) for each in uvicorn_error.filters):
+        uvicorn_error.addFilter(RefusalLineFilter())
+
+
+def refused_here() -> None:
+    """Note, in the refused connection's context, that ws_mode answered its upgrade."""
+    _refused.set(True)

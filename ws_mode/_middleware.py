@@ -1,0 +1,433 @@
+"""The ASGI middleware: sockets at `path` become WebSocket mode, everything else passes through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import _logs as logs
+from . import _stack as stack
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from ._auth import (
+    AuthenticationFailed,
+    Authenticator,
+    PrincipalKey,
+    authenticate,
+    challenge,
+    failure_code,
+    principal_key,
+)
+from ._budget import CONNECTION_COST, MemoryBudget
+from ._connection import Connection
+from ._errors import ConfigError
+from ._limits import Limits
+from ._origins import OriginPolicy
+from ._persistence import flush_writes, store_scope
+from ._protocol import (
+    MEMORY_BUDGET_EXCEEDED,
+    error_body,
+    error_type_for_status,
+    json_answer,
+    memory_budget_message,
+)
+from ._settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
+from ._stateful_http import StatefulHTTP
+from ._store import ResponseStore
+from ._tokens import Renderer
+from ._turn import turn
+
+__all__ = [
+    "FullContext",
+    "ResponseHook",
+    "Settings",
+    "WebSocketModeMiddleware",
+    "find_middlewares",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class WebSocketModeMiddleware:
+    """Adds OpenAI's Responses API WebSocket mode to an app serving `POST /v1/responses`.
+
+    A WebSocket opened at `path` becomes a WebSocket mode connection whose turns call the
+    wrapped app in-process as `POST handler_path` requests; all other traffic (plain HTTP to
+    the same path included, other socket paths, lifespan) reaches the app untouched.
+
+    `full_context="always"` gives the handler the whole history on every turn (drop-in for
+    stateless handlers); `"on_miss"` gives it only the new input plus `previous_response_id`
+    when the parent is cached, and the cached state through `ws_mode.turn(request)`.
+
+    `renderer` renders items to token ids: each turn's new items are rendered once, the tokens
+    are kept on the cached response, and the Turn hands the prefix's tokens to the handler.
+    `on_response(turn, response)` runs after each finished response, never delaying the next
+    turn. `on_cache_miss="forward"` sends a create whose `previous_response_id` is not cached
+    on to the handler as the client sent it, for handlers (upstreams) that store responses
+    themselves; the default `"error"` answers `previous_response_not_found`.
+
+    `authenticate(scope)` runs before a socket is accepted: it returns the principal the
+    turns carry (`Turn.principal`) or raises `AuthenticationFailed` (401/403). `subprotocols`
+    lists the subprotocols the server speaks: the first one the client offers is selected
+    (browsers that offer subprotocols need one back). A browser's handshake (one with an
+    `Origin` header) is refused with 403 unless it comes from the server's own origin or one in
+    `allowed_origins` (`"https://app.example.com"`, `"https://*.example.com"`, `"*"`); clients
+    that send no `Origin` are unaffected. `reauthenticate_seconds` runs `authenticate` again
+    on the open socket once that long has passed since the last check, before each frame that
+    causes work (a turn as it starts, queued or steered; a steer) (0: before every one): a
+    revoked credential gets an error event and a close (1008). `store` keeps
+    responses created with `store: true` beyond the connection (`ws_mode._store.MemoryStore` in
+    this process, `ws_mode.redis_store.RedisStore` across workers and hosts): a
+    `previous_response_id` missing from the connection's cache is hydrated from it. It keeps
+    them per principal of `authenticate`, by its key: a `str`, `int`, `uuid.UUID` (or tuple of
+    them) is its own, `principal_key(principal) -> str` keys any other; or, with
+    `shared_store=True` and no hook, in one scope every caller shares (warned at startup).
+    `stateful_http=True` serves plain HTTP from the same store: `previous_response_id` on
+    `POST`, and `GET`/`DELETE {path}/{id}`.
+    `steering` serves `response.steer` (`ws_mode._steering`): the response ends at its next
+    output item and a successor continues with the input; False answers `steering_not_supported`.
+    `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
+    HTTP.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        path: str = "/v1/responses",
+        handler_path: str | None = None,
+        full_context: FullContext = "always",
+        limits: Limits | None = None,
+        renderer: Renderer | None = None,
+        on_response: ResponseHook | None = None,
+        on_cache_miss: CacheMiss = "error",
+        authenticate: Authenticator | None = None,
+        subprotocols: Sequence[str] = (),
+        allowed_origins: Sequence[str] = (),
+        reauthenticate_seconds: float | None = None,
+        store: ResponseStore | None = None,
+        principal_key: PrincipalKey | None = None,
+        shared_store: bool = False,
+        stateful_http: bool = False,
+        steering: bool = True,
+        enabled: bool = True,
+    ) -> None:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
+        if handler_path is not None and (
+            not isinstance(handler_path, str) or not handler_path.startswith("/")
+        ):
+            raise ConfigError(
+                f"handler_path must be None or a string starting with '/', got {handler_path!r}."
+            )
+        if full_context not in ("always", "on_miss"):
+            raise ConfigError(f"full_context must be 'always' or 'on_miss', got {full_context!r}.")
+        if on_cache_miss not in ("error", "forward"):
+            raise ConfigError(f"on_cache_miss must be 'error' or 'forward', got {on_cache_miss!r}.")
+        if isinstance(subprotocols, str) or not all(isinstance(p, str) for p in subprotocols):
+            raise ConfigError(f"subprotocols must be a sequence of strings, got {subprotocols!r}.")
+        if store is not None and not all(
+            callable(getattr(store, name, None)) for name in ("put", "get_chain", "delete")
+        ):
+            raise ConfigError(
+                f"store must be a response store (ws_mode._store.MemoryStore, "
+                f"ws_mode.redis_store.RedisStore), got {store!r}."
+            )
+        if not isinstance(steering, bool):
+            raise ConfigError(f"steering must be True or False, got {steering!r}.")
+        if stateful_http and store is None:
+            raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
+        check_principals(authenticate, reauthenticate_seconds, store, principal_key, shared_store)
+        if limits is None:
+            limits = Limits()
+        elif not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a ws_mode.Limits, got {type(limits).__name__}.")
+        hooks = (
+            ("renderer", renderer),
+            ("on_response", on_response),
+            ("authenticate", authenticate),
+        )
+        for name, hook in hooks:
+            if hook is not None and not callable(hook):
+                raise ConfigError(f"{name} must be callable or None, got {hook!r}.")
+        self.app = app
+        self.settings = Settings(
+            app=app,
+            path=path.rstrip("/") or "/",
+            handler_path=handler_path or path,
+            full_context=full_context,
+            limits=limits,
+            renderer=renderer,
+            on_response=on_response,
+            on_cache_miss=on_cache_miss,
+            subprotocols=tuple(subprotocols),
+            authenticate=authenticate,
+            reauthenticate_seconds=reauthenticate_seconds,
+            store=store,
+            principal_key=principal_key,
+            shared_store=shared_store,
+            steering=steering,
+            budget=MemoryBudget(limits.max_memory_bytes),
+        )
+        self.authenticate = authenticate
+        self._origins = OriginPolicy(allowed_origins)
+        self._stateful = (
+            StatefulHTTP(self.settings, store) if stateful_http and store is not None else None
+        )
+        #: Switch WebSocket mode off (upgrades answered 426) or on again, at run time.
+        self.enabled = enabled
+        self.connections = 0
+        self._open: set[Connection] = set()
+        self._per_client: dict[Any, int] = {}
+        self._draining = False
+        #: Counters of this middleware's connections and turns (`stats.snapshot()`).
+        self.stats = self.settings.stats
+        self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
+        self.stats.budget = self.settings.budget
+        if store is not None:
+            _bound_store(store, limits)
+
+    async def drain(self, grace: float | None = None) -> None:
+        """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
+        give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
+        then close every socket with 1001 so clients reconnect; last, wait for the store
+        writes under way in this process to land (each ends within
+        `Limits.store_write_seconds`). Call it before the server closes its
+        connections (`ws_mode.server.Server` does, for uvicorn); the lifespan shutdown calls
+        it too."""
+        self._draining = True
+        if grace is None:
+            grace = self.settings.limits.shutdown_grace_seconds
+        await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
+        await flush_writes(self.settings.limits.store_write_seconds)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
+        if scope["type"] != "websocket" or not self._is_socket_path(scope):
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+            elif self._stateful is not None and self._stateful.handles(scope):
+                await self._stateful(scope, receive, send)
+            elif turn(scope) is not None:
+                # A socket turn on its way down from the application's entry: the app below,
+                # as its settings name it (a compatibility check records there).
+                await self.settings.app(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return  # the client left before the handshake finished
+        self._say_where_turns_enter(scope)
+        if not self.enabled or self._draining:
+            await self._refuse(
+                scope,
+                send,
+                426,
+                "websocket_mode_disabled",
+                "WebSocket mode is switched off on this server; use the HTTP API.",
+            )
+            return
+        if not self._origins.allows(scope):
+            await self._refuse(
+                scope,
+                send,
+                403,
+                "origin_not_allowed",
+                "This origin may not open WebSocket mode sockets here "
+                "(WebSocketModeMiddleware's allowed_origins).",
+            )
+            return
+        if self.connections >= self.settings.limits.max_connections:
+            logger.warning(
+                "refusing a WebSocket mode connection: %d open, Limits.max_connections is %d",
+                self.connections,
+                self.settings.limits.max_connections,
+            )
+            await self._refuse(
+                scope,
+                send,
+                426,
+                "websocket_connection_limit_reached",
+                f"This server already serves {self.connections} WebSocket mode "
+                "connections; use the HTTP API or retry later.",
+            )
+            return
+        # The process's memory budget: a socket holds its own cost while it is open, and none
+        # is opened while the budget refuses work (a new socket would only bring more).
+        budget = self.settings.budget
+        if not budget.admits_connection() or not budget.reserve(CONNECTION_COST):
+            logger.warning("refusing a WebSocket mode connection: Limits.max_memory_bytes is used")
+            why = memory_budget_message("a new WebSocket mode connection", upgrade=True)
+            await self._refuse(scope, send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            return
+        self.connections += 1
+        try:
+            identity = await self._authenticate(scope, send)
+            if identity is None:
+                return
+            principal, owner, client = identity
+            cap = self.settings.limits.max_connections_per_client
+            if cap is not None and self._per_client.get(client, 0) >= cap:
+                await self._refuse(
+                    scope,
+                    send,
+                    426,
+                    "websocket_connection_limit_reached",
+                    f"This client already has {cap} WebSocket mode connections open here "
+                    "(Limits.max_connections_per_client); close one, or use the HTTP API.",
+                )
+                return
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            try:
+                await self._serve(scope, receive, send, principal, owner)
+            finally:
+                self._per_client[client] -= 1
+                if not self._per_client[client]:
+                    del self._per_client[client]
+        finally:
+            self.connections -= 1
+            budget.release(CONNECTION_COST)
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, principal: Any, owner: str | None
+    ) -> None:
+        subprotocol = next(
+            (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
+        )
+        connection = Connection(self.settings, scope, receive, send)
+        self._open.add(connection)
+        self.stats.connections_open += 1
+        self.stats.connections_total += 1
+        try:
+            await connection.run(principal=principal, owner=owner, subprotocol=subprotocol)
+        finally:
+            self._open.discard(connection)
+            self.stats.connection_closed(connection.cache.evictions)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        send: Send,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
+        response extension; servers without it get a close before accept (they answer 403)."""
+        self.stats.connections_refused += 1
+        logs.refused_here()
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
+            return
+        kind = error_type_for_status(status)
+        body = error_body(kind, code, message)
+        for answer in json_answer("websocket.http.response", status, body, headers):
+            await send(answer)
+
+    _entry_said = False
+
+    def _say_where_turns_enter(self, scope: Scope) -> None:
+        if not self._entry_said:  # once, at the first socket
+            self._entry_said = True
+            stack.say_where_turns_enter(scope, self.settings)
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        """Drain the sockets when the server announces its shutdown, before the app hears;
+        serve again after a new startup."""
+
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._draining = False  # the same app may be served again
+                _say_how_dead_peers_are_found(self.settings.limits)
+            elif message["type"] == "lifespan.shutdown":
+                await self.drain()
+            return message
+
+        return wrapped
+
+    async def _authenticate(
+        self, scope: Scope, send: Send
+    ) -> tuple[Any, str | None, str | tuple[str, Any] | None] | None:
+        """The handshake's principal, its store scope and whose connection it is for
+        `max_connections_per_client` (the principal's key, else the client's address); None
+        once the upgrade is refused."""
+        settings = self.settings
+        try:
+            principal = None
+            if self.authenticate is not None:
+                principal = await authenticate(self.authenticate, scope)
+            owner = None
+            if settings.store is not None:
+                owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+            client: str | tuple[str, Any] | None = None
+            if settings.limits.max_connections_per_client is None:
+                pass
+            elif self.authenticate is not None and principal is not None:
+                client = principal_key(principal, settings.principal_key)
+            else:  # no principal: the client's address
+                client = ("address", scope["client"][0] if scope.get("client") else None)
+        except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
+            headers = challenge(exc)
+            await self._refuse(
+                scope, send, exc.status, failure_code(exc), exc.message, headers=headers
+            )
+            return None
+        return principal, owner, client
+
+    def _is_socket_path(self, scope: Scope) -> bool:
+        path: str = scope["path"]
+        if path != "/" and path.endswith("/"):
+            path = path[:-1]
+        root_path: str = scope.get("root_path", "")
+        wanted = self.settings.path
+        return path == wanted or (bool(root_path) and path == root_path + wanted)
+
+
+def _say_how_dead_peers_are_found(limits: Limits) -> None:
+    """Warn at startup when the server in use sends no WebSocket pings (ASGI apps cannot)."""
+    if "granian" not in sys.modules:
+        return
+    idle = limits.max_idle_seconds
+    logger.warning(
+        "granian sends no WebSocket pings: a client that vanishes without a close keeps its "
+        "WebSocket mode connection until %s",
+        f"Limits.max_idle_seconds ({idle:g} s) closes it" if idle is not None else "it ends",
+    )
+
+
+def _bound_store(store: ResponseStore, limits: Limits) -> None:
+    """Pass `Limits.max_stored_bytes_per_principal` to the store; say so when it cannot
+    enforce it (a store of the application's own without `limit_principal_bytes`)."""
+    bound = limits.max_stored_bytes_per_principal
+    limit = getattr(store, "limit_principal_bytes", None)
+    if callable(limit):
+        limit(bound)
+    elif bound is not None:
+        logger.warning(
+            "%s has no limit_principal_bytes(): Limits.max_stored_bytes_per_principal is not "
+            "enforced, and one principal may fill the store",
+            type(store).__name__,
+        )
+
+
+def find_middlewares(app: Any) -> list[WebSocketModeMiddleware]:
+    """The WebSocket mode middlewares inside an ASGI app, outermost first: the instances that
+    serve (or will serve) its sockets.
+
+    It follows wrapped apps (`.app`), Starlette's and FastAPI's middleware stack (what
+    `app.add_middleware(WebSocketModeMiddleware)` or `Middleware(...)` built), and the apps
+    mounted on a router. It never builds a stack, so `add_middleware` still works afterwards:
+    for an app that has not started, the middleware its `user_middleware` list names is made
+    now (its options are checked then), and the app uses that very instance when it builds its
+    stack on its first call. Use it to reach the instances for `stats`, `drain()`, `enabled`
+    or `ws_mode.prometheus.register`.
+    """
+    return stack.find(app, WebSocketModeMiddleware)

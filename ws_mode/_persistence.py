@@ -1,0 +1,325 @@
+"""Between a connection's cache and the store: hydrating a missing parent, writing a response.
+
+A `previous_response_id` missing from the connection's cache is looked up in the store: one
+round trip brings its ancestors (never the conversation's other forks); found whole, they
+join the cache and the turn proceeds as a cache hit. A miss waits a bounded moment
+(`Limits.store_wait_seconds`) for a write still on its way.
+
+A finished response that may be stored is written without delaying its terminal event: the
+write starts before that event is sent and finishes in the background. Writes belong to the
+process, not to the connection: a client leaving never cancels one; each is bounded by
+`Limits.store_write_seconds`, counted, and logged when it fails; `flush_writes` (the
+middleware's drain, on shutdown) waits for those under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from ._auth import PrincipalKey, principal_key
+from ._cache import CachedResponse, ResponseCache, decoded_size
+from ._items import Items
+from ._limits import Limits
+from ._logs import for_log
+from ._stats import Stats
+from ._store import QuotaExceeded, ResponseStore, StoredResponse, chain_of
+
+__all__ = [
+    "StoreLink",
+    "StoreUnavailable",
+    "flush_writes",
+    "keep",
+    "load_chain",
+    "pending_writes",
+    "start_write",
+    "store_scope",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The pause before a missing response is looked up once more (a write's marker may be on
+#: its way); while a write is known to be under way, each pause doubles, up to
+#: `POLL_MAX_SECONDS`, until `Limits.store_wait_seconds` have passed.
+POLL_SECONDS = 0.05
+POLL_MAX_SECONDS = 0.25
+#: How many ids a connection remembers as stored (written or hydrated), so that a response
+#: is written with the ancestors that never were (warm-ups) and no others.
+STORED_REMEMBERED = 512
+
+#: The store writes under way in this process, every connection's and request's (a write
+#: outlives its socket), with the principal scope and the response ids each writes, so a
+#: continuation on this worker can wait for its parent's write itself. Event loops in other
+#: threads (tests, embedded servers) share it: it is read through snapshots (`list(...)`).
+_writes: dict[asyncio.Task[bool], tuple[str, frozenset[str]]] = {}
+
+
+class StoreUnavailable(Exception):
+    """The store could not answer a hydration. Its message is generic; the store's error is
+    its `__cause__`, and was logged."""
+
+
+def store_scope(principal: Any, key: PrincipalKey | None, *, shared: bool) -> str:
+    """Whose stored responses a caller sees: its principal's stable key
+    (`ws_mode._auth.principal_key`, with the middleware's `principal_key` function `key`), or
+    one scope for every caller when the operator opted into sharing the store. Raise
+    `UnkeyedPrincipal` (a refusal with 500) for a principal with no stable key."""
+    if shared:
+        return "shared"
+    return principal_key(principal, key)
+
+
+async def load_chain(
+    store: ResponseStore,
+    stats: Stats,
+    owner: str,
+    response_id: str,
+    *,
+    read_seconds: float,
+    wait: float = 0.0,
+) -> list[StoredResponse] | None:
+    """The stored conversation from its first response down to `response_id` (its ancestors,
+    in one lookup); None when it is not stored whole for `owner`. A miss waits up to `wait`
+    seconds for a write on its way: a write under way in this process is waited for itself,
+    otherwise the store is looked up again with growing pauses. Raise `StoreUnavailable`
+    when the store fails or takes longer than `read_seconds` plus `wait`
+    (`Limits.store_read_seconds`, `Limits.store_wait_seconds`)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(read_seconds + wait):
+            records = await _ancestors(store, owner, response_id)
+            deadline = loop.time() + wait
+            pause = POLL_SECONDS
+            looked_again = False
+            while not records and loop.time() < deadline:
+                here = [
+                    task
+                    for task, (whose, ids) in list(_writes.items())
+                    if whose == owner and response_id in ids
+                ]
+                # Looked up once more a moment later (a marker may be on its way), then only
+                # while a write is known to be under way: a genuine miss waits no longer.
+                if looked_again and not here and not await _pending(store, owner, response_id):
+                    break
+                left = deadline - loop.time()
+                ours = [task for task in here if task.get_loop() is loop]
+                if ours:
+                    await asyncio.wait(ours, timeout=left)
+                else:
+                    await asyncio.sleep(min(pause, left))
+                    pause = min(pause * 2, POLL_MAX_SECONDS)
+                looked_again = True
+                records = await _ancestors(store, owner, response_id)
+    except Exception as exc:
+        stats.store_failures += 1
+        logger.warning("the store failed to hydrate %s: %s", for_log(response_id), for_log(exc))
+        raise StoreUnavailable("the response store is unavailable") from exc
+    return records or None
+
+
+async def _ancestors(store: ResponseStore, owner: str, response_id: str) -> list[StoredResponse]:
+    """`response_id` and its ancestors, root first; empty when one is missing. Stores without
+    `get_ancestors` are read whole (`get_chain`)."""
+    get_ancestors = getattr(store, "get_ancestors", None)
+    if get_ancestors is not None:
+        found: list[StoredResponse] = await get_ancestors(owner, response_id)
+        return found
+    return chain_of(await store.get_chain(owner, response_id), response_id) or []
+
+
+async def _pending(store: ResponseStore, owner: str, response_id: str) -> bool:
+    """Whether another process is writing `response_id` (its marker is set); a store that
+    cannot tell is polled for the whole wait."""
+    is_pending = getattr(store, "is_pending", None)
+    if is_pending is None:
+        return True
+    pending: bool = await is_pending(owner, response_id)
+    return pending
+
+
+async def read_one(store: ResponseStore, owner: str, response_id: str) -> StoredResponse | None:
+    """One stored record (stateful HTTP's `GET`); stores without `get` are read whole."""
+    get = getattr(store, "get", None)
+    if get is not None:
+        found: StoredResponse | None = await get(owner, response_id)
+        return found
+    return (await store.get_chain(owner, response_id)).get(response_id)
+
+
+async def keep(
+    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+) -> bool:
+    """Write `records` in order (ancestors first, so a chain is whole once the last lands),
+    within `seconds` (`Limits.store_write_seconds`; the marker that announces the write to
+    other workers expires with it); whether all landed. A failure, a refusal or a cancellation is
+    logged and counted (`store_failures`, `store_refused`), never raised, except the
+    cancellation itself."""
+    written = 0
+    mark_pending = getattr(store, "mark_pending", None)
+    try:
+        async with asyncio.timeout(seconds):
+            if mark_pending is not None:
+                # A continuation on another worker that misses waits for these, and only these.
+                await mark_pending(owner, [record.id for record in records], seconds)
+            for record in records:
+                dropped = await store.put(owner, record)
+                written += 1
+                if dropped:
+                    stats.store_dropped += dropped
+                    logger.warning(
+                        "the store dropped %d older conversation(s) of one principal to keep "
+                        "%s within Limits.max_stored_bytes_per_principal",
+                        dropped,
+                        for_log(record.id),
+                    )
+    except QuotaExceeded as exc:
+        stats.store_refused += 1
+        logger.warning("the store did not keep %s: %s", for_log(records[written].id), for_log(exc))
+    except asyncio.CancelledError:
+        stats.store_failures += 1
+        logger.warning(
+            "a store write of %s was cancelled before it landed", for_log(records[-1].id)
+        )
+        raise
+    except Exception as exc:
+        stats.store_failures += 1
+        logger.warning("the store failed to keep %s: %s", for_log(records[-1].id), for_log(exc))
+    finally:
+        stats.store_writes += written
+    return written == len(records)
+
+
+def start_write(
+    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+) -> asyncio.Task[bool]:
+    """Start writing `records` (`keep`, within `seconds`) as work of the process: no
+    connection or request cancels it; `flush_writes` waits for it."""
+    task = asyncio.create_task(keep(store, stats, owner, *records, seconds=seconds))
+    _writes[task] = (owner, frozenset(record.id for record in records))
+    task.add_done_callback(_writes_done)
+    return task
+
+
+def _writes_done(task: asyncio.Task[bool]) -> None:
+    _writes.pop(task, None)
+    if not task.cancelled():
+        task.exception()  # keep() raises nothing else: retrieved, never "never retrieved"
+
+
+def _writes_here() -> list[asyncio.Task[bool]]:
+    """The store writes under way on this event loop (a snapshot)."""
+    loop = asyncio.get_running_loop()
+    return [task for task in list(_writes) if task.get_loop() is loop]
+
+
+def pending_writes() -> int:
+    """How many store writes are under way on this event loop."""
+    return len(_writes_here())
+
+
+async def flush_writes(seconds: float) -> None:
+    """Wait for the store writes under way on this event loop, at most `seconds` (the
+    middleware's `Limits.store_write_seconds`, within which each of its writes ends)."""
+    tasks = _writes_here()
+    if not tasks:
+        return
+    logger.info("waiting for %d store write(s) to land before shutting down", len(tasks))
+    _done, pending = await asyncio.wait(tasks, timeout=seconds)
+    if pending:
+        logger.warning("%d store write(s) had not landed when the shutdown went on", len(pending))
+
+
+class StoreLink:
+    """One connection's use of the store."""
+
+    def __init__(self, store: ResponseStore, stats: Stats, scope: str, limits: Limits) -> None:
+        self.store = store
+        self.stats = stats
+        self.scope = scope
+        #: How long a hydration and a write may take, and a miss wait for a write on its way.
+        self.limits = limits
+        # Responses of this connection known to be in the store (written or hydrated).
+        self._stored: LRUCache[str, bool] = LRUCache(STORED_REMEMBERED)
+
+    async def hydrate(
+        self, response_id: str, stream_id: str | None, cache: ResponseCache
+    ) -> CachedResponse | None:
+        """The stored conversation up to `response_id`, put in `cache`; None when it is not
+        stored whole for this scope. Raise `StoreUnavailable` when the store fails."""
+        limits = self.limits
+        chain = await load_chain(
+            self.store,
+            self.stats,
+            self.scope,
+            response_id,
+            read_seconds=limits.store_read_seconds,
+            wait=limits.store_wait_seconds,
+        )
+        if chain is None:
+            return None
+        node: CachedResponse | None = None
+        for record in chain:
+            node = CachedResponse(
+                id=record.id,
+                response=orjson.loads(record.response),
+                input_items=Items(fragment=record.input),
+                output_items=orjson.loads(b"[" + record.output + b"]"),
+                parent=node,
+                stream_id=stream_id,
+                tools_digest=record.tools_digest,
+                input_fragment=record.input,
+                size=decoded_size(record.response),
+                storable=True,
+            )
+            self._stored[record.id] = True
+        assert node is not None  # a chain holds at least the response asked for
+        cache.put(node)
+        self.stats.store_hydrations += 1
+        return node
+
+    def write(self, node: CachedResponse) -> asyncio.Task[bool] | None:
+        """Start writing a response the handler answered, when it may be stored, with those
+        of its ancestors that were never written (warm-ups: the handler saw them only as part
+        of this response's context), so the chain is whole in the store. The write is the
+        process's (`start_write`): the task is returned for information only."""
+        if not node.storable or node.remote:
+            return None
+        nodes = [node]
+        parent = node.parent
+        while parent is not None and self._stored.get(parent.id) is None:
+            nodes.append(parent)
+            parent = parent.parent
+        for each in nodes:
+            self._stored[each.id] = True
+        records = [_record(each) for each in reversed(nodes)]
+        task = start_write(
+            self.store, self.stats, self.scope, *records, seconds=self.limits.store_write_seconds
+        )
+        ids = [each.id for each in nodes]
+
+        def landed(task: asyncio.Task[bool]) -> None:
+            if task.cancelled() or not task.result():
+                # Not (all) stored: the next response of the chain writes them again, so a
+                # store that was down a moment does not leave the chain broken.
+                for response_id in ids:
+                    self._stored.pop(response_id, None)
+
+        task.add_done_callback(landed)
+        return task
+
+
+def _record(node: CachedResponse) -> StoredResponse:
+    parent = node.parent
+    return StoredResponse(
+        id=node.id,
+        parent_id=parent.id if parent is not None else None,
+        chain_id=node.chain_id,
+        input=node.input_fragment,
+        output=node.output_fragment,
+        response=orjson.dumps(node.response),
+        tools_digest=node.tools_digest,
+    )

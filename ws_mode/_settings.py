@@ -1,0 +1,107 @@
+"""The settings every connection of one middleware shares, checked once when it is built."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._asgi import ASGIApp
+from ._auth import Authenticator, PrincipalKey
+from ._budget import MemoryBudget
+from ._errors import ConfigError
+from ._limits import Limits
+from ._stats import Stats
+from ._store import ResponseStore
+from ._tokens import Renderer
+from ._turn import Turn
+
+__all__ = ["CacheMiss", "FullContext", "ResponseHook", "Settings", "check_principals"]
+
+logger = logging.getLogger(__name__)
+
+FullContext = Literal["always", "on_miss"]
+CacheMiss = Literal["error", "forward"]
+
+#: Called after each finished response with its Turn and the terminal response object, off the
+#: path of the next turn (accounting, logging). May be a coroutine function.
+ResponseHook = Callable[[Turn, dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What every connection of one middleware shares; checked once, in its `__init__`."""
+
+    app: ASGIApp
+    path: str
+    handler_path: str
+    full_context: FullContext
+    limits: Limits
+    renderer: Renderer | None = None
+    on_response: ResponseHook | None = None
+    on_cache_miss: CacheMiss = "error"
+    subprotocols: tuple[str, ...] = ()
+    authenticate: Authenticator | None = None
+    reauthenticate_seconds: float | None = None
+    store: ResponseStore | None = None
+    #: Maps the `authenticate` hook's principal to its stable key (`ws_mode._auth.principal_key`).
+    principal_key: PrincipalKey | None = None
+    #: Every caller shares one store scope (no `authenticate` hook: the operator opted in).
+    shared_store: bool = False
+    #: Whether `response.steer` is served (`ws_mode._steering`); False answers
+    #: `steering_not_supported`.
+    steering: bool = True
+    stats: Stats = field(default_factory=Stats)
+    #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
+    budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))
+
+
+def check_principals(
+    authenticate: Authenticator | None,
+    reauthenticate_seconds: float | None,
+    store: ResponseStore | None,
+    principal_key: PrincipalKey | None,
+    shared_store: bool,
+) -> None:
+    """Check the middleware's keywords about callers: `ConfigError` for a store that could not
+    tell them apart, unless the operator opted into sharing it (`shared_store=True`, warned
+    about once here)."""
+    if reauthenticate_seconds is not None and (
+        isinstance(reauthenticate_seconds, bool)
+        or not isinstance(reauthenticate_seconds, int | float)
+        or reauthenticate_seconds < 0
+        or authenticate is None
+    ):
+        raise ConfigError(
+            "reauthenticate_seconds must be None or a number >= 0 (0: before every frame that "
+            f"causes work), and needs an authenticate hook; got {reauthenticate_seconds!r}."
+        )
+    if not isinstance(shared_store, bool):
+        raise ConfigError(f"shared_store must be True or False, got {shared_store!r}.")
+    if principal_key is not None and (authenticate is None or not callable(principal_key)):
+        raise ConfigError(
+            "principal_key maps the authenticate hook's principal to a string key: it must be "
+            f"callable and needs an authenticate hook; got {principal_key!r}."
+        )
+    if shared_store and store is None:
+        raise ConfigError("shared_store=True shares a store's responses: it needs store=.")
+    if shared_store and authenticate is not None:
+        # Two opposite wishes: the hook's principals scope the store, or nothing does.
+        raise ConfigError(
+            "shared_store=True and an authenticate hook contradict each other: with the hook, "
+            "stored responses are kept per principal. To let authenticated callers share them, "
+            "drop shared_store and pass principal_key=lambda principal: 'shared'."
+        )
+    if store is not None and authenticate is None and not shared_store:
+        raise ConfigError(
+            "store= needs to know whose responses are whose: pass authenticate= (a hook that "
+            "returns each caller's principal; stored responses are kept per principal), or "
+            "shared_store=True if every caller may read and continue every stored response "
+            "(a single tenant, or callers allowed to read each other's responses)."
+        )
+    if shared_store:
+        logger.warning(
+            "WebSocket mode's store is shared (shared_store=True): every caller may continue "
+            "every stored response (with stateful_http, read and delete it too)"
+        )

@@ -1,0 +1,359 @@
+"""Plain HTTP made stateful by the store: `previous_response_id`, `GET` and `DELETE`.
+
+With `store=` and `stateful_http=True`, the middleware serves the stateful parts of OpenAI's
+HTTP Responses API in front of a stateless handler, with the same store the sockets use:
+
+- `POST {path}` with `previous_response_id`: the stored conversation is put in front of the
+  new input, so the handler gets the whole context, exactly as over the socket; the response
+  objects echo `previous_response_id`, and every other byte of the answer passes as the
+  handler wrote it. Events are read by the tap the socket uses (`ResponseTap`). Every
+  finished response whose request allows storing (`store` is true by default) is stored,
+  with or without a parent. A large body is parsed off the event loop, as a large frame is.
+- `GET {path}/{id}` answers the stored response object; `DELETE {path}/{id}` forgets it.
+
+Every request runs the `authenticate` hook, and responses are scoped as over the socket: by
+the key of its principal, or in one scope every caller shares (`shared_store=True`).
+Everything else reaches the app untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from ._asgi import Message, Receive, Scope, Send
+from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
+from ._client_events import may_store, store_problem, text_input
+from ._frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
+from ._handler_call import replay_body
+from ._items import encode_items, with_input
+from ._logs import for_log
+from ._persistence import (
+    StoreUnavailable,
+    load_chain,
+    read_one,
+    start_write,
+    store_scope,
+)
+from ._protocol import (
+    TERMINAL_EVENT_BY_STATUS,
+    error_body,
+    error_type_for_status,
+    json_answer,
+    quoted_id,
+)
+from ._settings import Settings
+from ._sse import SSEBlock, SSEBlocks, content_type, is_event_stream
+from ._store import ResponseStore, StoredResponse
+from ._tap import ResponseTap
+from ._turn import turn
+
+__all__ = ["StatefulHTTP"]
+
+logger = logging.getLogger(__name__)
+
+
+class StatefulHTTP:
+    """The stateful HTTP endpoints of one middleware."""
+
+    def __init__(self, settings: Settings, store: ResponseStore) -> None:
+        self.settings = settings
+        self.store = store
+
+    def handles(self, scope: Scope) -> bool:
+        """Whether `scope` is a request this serves: never a socket turn, which reaches the
+        middleware again on its way down from the application's entry and was resolved
+        against the connection's cache and the store already."""
+        if turn(scope) is not None:
+            return False
+        path: str = scope["path"]
+        base = scope.get("root_path", "") + self.settings.path
+        method: str = scope["method"]
+        if path == base:
+            return method == "POST"
+        rest = path[len(base) + 1 :] if path.startswith(base + "/") else ""
+        return bool(rest) and "/" not in rest and method in ("GET", "DELETE")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Every request is authorized anew (a revoked credential loses access at once), by the
+        # same hook and into the same store scope as a socket.
+        settings = self.settings
+        try:
+            principal = None
+            if settings.authenticate is not None:
+                principal = await authenticate(settings.authenticate, scope)
+            owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
+        except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
+            headers = challenge(exc)
+            await _answer(send, exc.status, failure_code(exc), exc.message, headers=headers)
+            return
+        if scope["method"] == "POST":
+            await self._post(scope, receive, send, owner)
+            return
+        response_id = scope["path"].rsplit("/", 1)[-1]
+        try:
+            async with asyncio.timeout(self.settings.limits.store_read_seconds):
+                if scope["method"] == "DELETE":
+                    found = await self.store.delete(owner, response_id)
+                    record = None
+                else:
+                    record = await read_one(self.store, owner, response_id)
+                    found = record is not None
+        except Exception as exc:
+            logger.warning(
+                "the store failed to answer for %s: %s", for_log(response_id), for_log(exc)
+            )
+            await _answer(send, 503, "store_unavailable", "The response store is unavailable.")
+            return
+        if not found:
+            await _answer(
+                send, 404, "not_found", f"No response with id '{quoted_id(response_id)}' found."
+            )
+        elif record is not None:
+            await _json(send, 200, record.response)
+        else:
+            deleted = {"id": response_id, "object": "response.deleted", "deleted": True}
+            await _json(send, 200, orjson.dumps(deleted))
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send, owner: str) -> None:
+        raw = await _body(receive, self.settings.limits.max_message_bytes)
+        if raw is None:
+            limit = self.settings.limits.max_message_bytes
+            message = f"The request is larger than {limit} bytes (Limits.max_message_bytes)."
+            await _answer(send, 413, "request_too_large", message)
+            return
+        try:
+            parsed = await _parse(raw)
+        except HelperDied:
+            message = "The request could not be parsed: the process parsing it ended, twice."
+            await _answer(send, 500, "server_error", message)
+            return
+        if parsed is None:
+            await self.settings.app(scope, replay_body(raw, receive), send)  # the app's to refuse
+            return
+        body, new_items = parsed  # every field but `input`; the input as items, encoded
+        problem = store_problem(body.get("store"))
+        if problem is not None:
+            await _answer(send, 400, "invalid_type", problem, param="store")
+            return
+        parent_id = body.get("previous_response_id")
+        chain: list[StoredResponse] = []
+        if isinstance(parent_id, str):
+            try:
+                found = await load_chain(
+                    self.store,
+                    self.settings.stats,
+                    owner,
+                    parent_id,
+                    read_seconds=self.settings.limits.store_read_seconds,
+                    wait=self.settings.limits.store_wait_seconds,
+                )
+            except StoreUnavailable:
+                message = "The response store is unavailable."
+                await _answer(send, 503, "store_unavailable", message, param="previous_response_id")
+                return
+            if found is None:
+                message = f"Previous response with id '{quoted_id(parent_id)}' not found."
+                await _answer(
+                    send, 400, "previous_response_not_found", message, param="previous_response_id"
+                )
+                return
+            chain = found
+        request = _full_request(body, chain, new_items) if chain else raw
+        writes: list[asyncio.Task[bool]] = []
+
+        def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
+            # Written as the terminal event goes out, so a continuation finds it at once.
+            if not may_store(body.get("store"), response):
+                return
+            record = StoredResponse(
+                id=response["id"],
+                parent_id=chain[-1].id if chain else None,
+                chain_id=chain[0].chain_id if chain else response["id"],
+                input=new_items,
+                output=encode_items(output),
+                response=orjson.dumps(response),
+            )
+            seconds = self.settings.limits.store_write_seconds
+            writes.append(
+                start_write(self.store, self.settings.stats, owner, record, seconds=seconds)
+            )
+
+        watcher = _Watcher(send, parent_id if chain else None, finished)
+        headers = _without_length(scope.get("headers", ()))
+        headers.append((b"content-length", str(len(request)).encode()))
+        await self.settings.app(
+            {**scope, "headers": headers}, replay_body(request, receive), watcher
+        )
+        if writes:
+            # The answer's end waits for the write, so a continuation finds it at once; the
+            # write is the process's, and this request ending early never cancels it.
+            await asyncio.wait(writes)
+
+
+class _Watcher:
+    """Passes the handler's answer on as it came, except the response objects, which echo
+    `previous_response_id` (the tap decides which events carry one); keeps the finished
+    response (`finished(response, output)`).
+
+    An SSE answer passes through block by block (`SSEBlocks`): comments, `id:` and `retry:`
+    lines, other events and line ends stay as the handler wrote them; only an event whose
+    response object the echo changes gets its data re-encoded (on one `data:` line). A JSON
+    answer is re-encoded only when the echo changes it.
+    """
+
+    def __init__(
+        self,
+        send: Send,
+        parent_id: str | None,
+        finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+    ) -> None:
+        self._send = send
+        self._tap = ResponseTap(parent_id)
+        self._finished = finished
+        self._blocks: SSEBlocks | None = None
+        self._json: list[bytes] | None = None
+        self._start: Message | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kind = content_type(message.get("headers", ()))
+            if message["status"] < 300 and is_event_stream(kind):
+                self._blocks = SSEBlocks()
+                # An echo may change the stream's length.
+                message = {**message, "headers": _without_length(message.get("headers", ()))}
+            elif message["status"] < 300 and kind.startswith(b"application/json"):
+                self._json, self._start = [], message
+                return  # sent with the body, whose length may change
+            await self._send(message)
+        elif message["type"] == "http.response.body" and self._json is not None:
+            self._json.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self._send_json(b"".join(self._json))
+        elif message["type"] == "http.response.body" and self._blocks is not None:
+            more = message.get("more_body", False)
+            out = [self._block(block) for block in self._blocks.feed(message.get("body", b""))]
+            if not more:
+                out.append(self._blocks.rest())
+            body = b"".join(out)
+            if body or not more:
+                await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        else:
+            await self._send(message)
+
+    def _block(self, block: SSEBlock) -> bytes:
+        if block.event is None or self._tap.finished:
+            return block.raw
+        event = self._tap.decode(*block.event)
+        if event is None:
+            return block.raw  # not JSON: the client's to judge, as without ws_mode
+        changed = self._see(event)
+        return block.with_data(orjson.dumps(event)) if changed else block.raw
+
+    def _see(self, event: dict[str, Any]) -> bool:
+        tap = self._tap
+        changed = tap.see(event)
+        if tap.response is not None and tap.output is not None:
+            self._finished(tap.response, tap.output)
+        return changed
+
+    async def _send_json(self, body: bytes) -> None:
+        start = self._start
+        assert start is not None
+        try:
+            response = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            response = None
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            # The event an SSE stream would have ended with (or one that only echoes).
+            status = response.get("status") or "completed"
+            kind = TERMINAL_EVENT_BY_STATUS.get(status, "response.in_progress")
+            if self._see({"type": kind, "response": response}):
+                body = orjson.dumps(response)
+                headers = _without_length(start.get("headers", ()))
+                headers.append((b"content-length", str(len(body)).encode()))
+                start = {**start, "headers": headers}
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body})
+
+
+def _without_length(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(name, value) for name, value in headers if name.lower() != b"content-length"]
+
+
+def _parse_request(raw: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """A request body's fields but `input`, and its input as items, encoded (a string is one
+    user message); None when it is no JSON object. Module-level: large bodies run it in a
+    helper process."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    new_input = body.pop("input", None)
+    items = text_input(new_input) if isinstance(new_input, str) else new_input
+    try:
+        return body, encode_items(items) if isinstance(items, list) else b""
+    except orjson.JSONEncodeError:
+        return None  # nested too deeply to splice: the app's to judge
+
+
+async def _parse(raw: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """`_parse_request`, off the event loop for a large body, as a large frame is."""
+    if len(raw) >= OFF_LOOP_BYTES:
+        with contextlib.suppress(HelperUnavailable):
+            return await in_helper(_parse_request, raw)
+    return _parse_request(raw)
+
+
+def _full_request(body: dict[str, Any], chain: list[StoredResponse], new_items: bytes) -> bytes:
+    """The handler's request: the body without `previous_response_id`, its input the stored
+    conversation's items, then the new ones (spliced encoded, copied once)."""
+    fields = {k: v for k, v in body.items() if k != "previous_response_id"}
+    parts = [part for record in chain for part in (record.input, record.output) if part]
+    if new_items:
+        parts.append(new_items)
+    return with_input(orjson.dumps(fields), parts)
+
+
+async def _body(receive: Receive, limit: int) -> bytes | None:
+    """The request body; None past `limit` bytes (passed on to the app as it is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        chunks.append(chunk)
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    kind = error_type_for_status(status)
+    await _json(send, status, error_body(kind, code, message, param), headers)
+
+
+async def _json(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    for part in json_answer("http.response", status, body, headers):
+        await send(part)

@@ -1,0 +1,139 @@
+"""A response's events read the same way on every path: the socket's `ResponseStream` and
+stateful HTTP's pass-through share this tap, so both recognise the same events (by the data's
+own `type`), echo `previous_response_id` the same way and keep the same finished response.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from orjson import JSONDecodeError, loads
+
+from ._protocol import FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS
+from ._steering import CLIENT_CALLS
+
+__all__ = ["ResponseTap"]
+
+logger = logging.getLogger(__name__)
+
+
+class ResponseTap:
+    """What a response's events say about it, read the same way on every path (the socket's
+    `ResponseStream`, stateful HTTP's pass-through).
+
+    `decode` reads an event's data: its own `type` names it (the SSE `event:` line only stands
+    in when it has none). `see` takes in each decoded event: the events that carry the response
+    object get `previous_response_id` echoed, finished output items are kept (a terminal event
+    may omit its output), and a terminal event says how the response ended (`finished`,
+    `succeeded` with `response` and `output`, or `failure`).
+    """
+
+    __slots__ = (
+        "client_calls",
+        "failure",
+        "finished",
+        "items",
+        "output",
+        "previous_response_id",
+        "response",
+        "response_id",
+        "started",
+        "succeeded",
+    )
+
+    def __init__(self, previous_response_id: str | None) -> None:
+        self.previous_response_id = previous_response_id
+        #: The response as its first event had it.
+        self.started: dict[str, Any] | None = None
+        self.response_id: str | None = None
+        #: Finished output items by index.
+        self.items: dict[int, dict[str, Any]] = {}
+        #: An item the client must answer is out.
+        self.client_calls = False
+        self.finished = False
+        self.succeeded = False
+        #: The finished response object, and its output items (filled from the finished items
+        #: when the terminal event omitted them); None until it finished well.
+        self.response: dict[str, Any] | None = None
+        self.output: list[dict[str, Any]] | None = None
+        #: The error code the response failed with (`response_failed` when it had none).
+        self.failure: str | None = None
+
+    @staticmethod
+    def decode(event_type: str | None, data: bytes) -> dict[str, Any] | None:
+        """An event's data as an object whose `type` is its kind, or None when it is no JSON
+        object."""
+        try:
+            event = loads(data)
+        except JSONDecodeError:
+            return None
+        if type(event) is not dict:
+            return None
+        if "type" not in event and event_type is not None:
+            event["type"] = event_type
+        return event
+
+    def see(self, event: dict[str, Any]) -> bool:
+        """Take in one decoded event; True when it carries the response object and the echo
+        of `previous_response_id` changed it."""
+        kind = event.get("type")
+        if kind == "response.output_item.done":
+            self.remember_item(event)
+            return False
+        changed = False
+        response = None
+        if kind in RESPONSE_EVENTS:
+            response = event.get("response")
+            if isinstance(response, dict):
+                parent = self.previous_response_id
+                changed = response.get("previous_response_id", _ABSENT) != parent
+                response["previous_response_id"] = parent
+                if isinstance(response.get("id"), str):
+                    self.response_id = response["id"]
+                if self.started is None:
+                    self.started = response
+        if kind in SUCCESS_EVENTS:
+            self._succeed(response)
+        elif kind in FAILURE_EVENTS:
+            self.finished = True
+            self.failure = _failure_code(event)
+        return changed
+
+    def remember_item(self, event: dict[str, Any]) -> None:
+        """Keep the item of a `response.output_item.done`."""
+        item, index = event.get("item"), event.get("output_index")
+        if isinstance(item, dict):
+            if item.get("type") in CLIENT_CALLS:
+                self.client_calls = True
+            self.items[index if isinstance(index, int) else len(self.items)] = item
+
+    def items_so_far(self) -> list[dict[str, Any]]:
+        """The finished output items, in order."""
+        return [self.items[index] for index in sorted(self.items)]
+
+    def _succeed(self, response: Any) -> None:
+        self.finished = True
+        if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+            logger.warning("a terminal event had no response id; the response is not kept")
+            return
+        output = response.get("output")
+        if not isinstance(output, list) or (not output and self.items):
+            output = self.items_so_far()
+        self.succeeded = True
+        self.response = response
+        self.output = [item for item in output if isinstance(item, dict)]
+
+
+_ABSENT = object()
+
+
+def _failure_code(event: dict[str, Any]) -> str:
+    """The code of an `error` event (nested envelope) or of a failed response's error."""
+    if event.get("type") == "error":
+        error = event.get("error")
+    else:
+        response = event.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else "response_failed"

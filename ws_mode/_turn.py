@@ -1,0 +1,203 @@
+"""The Turn a handler sees, and the HTTP request body each turn sends it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from ._cache import CachedResponse
+from ._client_events import CreateEvent
+from ._items import Items, with_input
+from ._steering import SteerInbox
+from ._tokens import Tokens
+
+__all__ = ["Turn", "build_body", "tools_digest", "turn"]
+
+SCOPE_KEY = "ws_mode"
+
+
+class Turn:
+    """One WebSocket mode turn, as the handler sees it.
+
+    `previous` is the cached parent this turn continues (None for a fresh chain);
+    `new_input` the items the client sent this turn; `history()` the whole context;
+    `artifacts` a dict the handler fills, kept on this turn's cached response so the next
+    turn finds it on `previous.artifacts`; `stream_id` the lane; `tools_changed` whether the
+    tools differ from the parent's (always True for a fresh chain); `tool_artifacts` a dict the
+    handler fills for these exact tools (rendered schemas, a namespace), handed back on every
+    turn of the connection with the same tools.
+
+    `cache_aware` tells whether continuations may reach the handler with only their new input
+    (`full_context="on_miss"`): only then is anything read back from `artifacts`, so a handler
+    serving both ways saves them only when it is True.
+
+    `claim_steering()` and `take_steering()` let a handler take `response.steer` input itself,
+    mid-generation; otherwise the middleware ends the response at its next output item and
+    continues in a successor turn.
+
+    With a `renderer`, `prefix_tokens` holds the rendered context before this turn (never
+    re-rendered) and `new_tokens` this turn's new input, rendered once.
+    """
+
+    __slots__ = (
+        "_new_input",
+        "artifacts",
+        "cache_aware",
+        "full_context",
+        "generate",
+        "new_tokens",
+        "prefix_tokens",
+        "previous",
+        "previous_response_id",
+        "principal",
+        "steering",
+        "stream_id",
+        "tool_artifacts",
+        "tools_changed",
+        "tools_digest",
+    )
+
+    def __init__(
+        self,
+        *,
+        previous: CachedResponse | None,
+        new_input: list[dict[str, Any]] | Items,
+        stream_id: str | None = None,
+        tools_digest: bytes | None = None,
+        generate: bool = True,
+        full_context: bool = True,
+        cache_aware: bool = False,
+        tool_artifacts: dict[str, Any] | None = None,
+        new_tokens: list[int] | None = None,
+        principal: Any = None,
+        steering: SteerInbox | None = None,
+    ) -> None:
+        self.previous = previous
+        self._new_input = new_input if isinstance(new_input, Items) else Items(new_input)
+        self.stream_id = stream_id
+        self.tools_digest = tools_digest
+        self.tools_changed = previous is None or previous.tools_digest != tools_digest
+        self.previous_response_id = previous.id if previous is not None else None
+        self.generate = generate
+        #: Whether the handler's request body carries the whole context in `input`.
+        self.full_context = full_context
+        #: Whether continuations may come with only their new input (`full_context="on_miss"`).
+        self.cache_aware = cache_aware
+        self.artifacts: dict[str, Any] = {}
+        self.tool_artifacts: dict[str, Any] = tool_artifacts if tool_artifacts is not None else {}
+        self.new_tokens = new_tokens
+        #: What the middleware's `authenticate` hook returned for this connection.
+        self.principal = principal
+        self.prefix_tokens: Tokens | None = None
+        #: The steering input queued for this turn's response (None: steering is off).
+        self.steering = steering
+        if new_tokens is not None:
+            prefix = previous.tokens if previous is not None else None
+            self.prefix_tokens = prefix if prefix is not None else Tokens()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Turn previous={self.previous_response_id!r} new_input={len(self.new_input)} "
+            f"stream_id={self.stream_id!r}>"
+        )
+
+    @property
+    def new_input(self) -> list[dict[str, Any]]:
+        """The items the client sent this turn."""
+        return self._new_input.list
+
+    def history(self) -> list[dict[str, Any]]:
+        """The whole context: the parent chain's input and output items, then `new_input`."""
+        if self.previous is None:
+            return list(self.new_input)
+        items = list(self.previous.context_items())
+        items.extend(self.new_input)
+        return items
+
+    def claim_steering(self) -> bool:
+        """Take this turn's steering input yourself (with :meth:`take_steering`) instead of
+        having the middleware end the response at its next output item and start a successor.
+        False when steering is switched off."""
+        if self.steering is None:
+            return False
+        self.steering.claimed = True
+        return True
+
+    def take_steering(self) -> list[dict[str, Any]]:
+        """The user messages clients steered into this response since the last call, in the
+        order they were sent (empty when there are none). What you take is applied: apply it
+        in this response."""
+        if self.steering is None:
+            return []
+        return [item for steer in self.steering.take() for item in steer.items]
+
+    def tokens(self) -> list[int] | None:
+        """The rendered tokens of the whole context (prefix then new input), or None without
+        a renderer."""
+        if self.prefix_tokens is None or self.new_tokens is None:
+            return None
+        return [*self.prefix_tokens.tolist(), *self.new_tokens]
+
+
+def turn(request_or_scope: Any) -> Turn | None:
+    """The Turn of a handler call made by ws_mode, or None for a plain HTTP request.
+
+    Accepts a Starlette (or FastAPI) request, a Django request, or an ASGI scope.
+    """
+    scope = request_or_scope
+    if not isinstance(scope, Mapping):
+        scope = getattr(request_or_scope, "scope", None)
+        if not isinstance(scope, Mapping):
+            raise TypeError(
+                "turn() takes a Starlette or Django request or an ASGI scope, "
+                f"got {type(request_or_scope).__name__}."
+            )
+    extensions = scope.get("extensions") or {}
+    found = extensions.get(SCOPE_KEY)
+    return found if isinstance(found, Turn) else None
+
+
+def tools_digest(tools: list[dict[str, Any]] | None) -> bytes | None:
+    """A digest of the tool definitions, equal for equal tools whatever the key order."""
+    if not tools:
+        return None
+    encoded = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def build_body(
+    create: CreateEvent,
+    previous: CachedResponse | None,
+    *,
+    full_context: bool,
+    new_fragment: bytes | None = None,
+) -> bytes:
+    """The HTTP request body of one turn.
+
+    Fresh chains (and uncached parents forwarded to the handler) carry the client's fields
+    and input as sent. Continuations either carry the whole
+    context, assembled by joining the cached nodes' encoded fragments with the new items
+    (`full_context`), or only the new items and `previous_response_id`.
+    """
+    if new_fragment is None:
+        new_fragment = create.items.fragment  # encoded once, wherever it is needed
+    if previous is None or not full_context:
+        fields = dict(create.fields)
+        if previous is not None:
+            fields["previous_response_id"] = previous.id
+        elif create.previous_response_id is not None:
+            # An uncached parent forwarded to a handler that stores responses itself.
+            fields["previous_response_id"] = create.previous_response_id
+        if create.input_text is not None:
+            fields["input"] = create.input_text
+        elif create.input_sent or previous is not None:
+            # The items are encoded already: join them in rather than encode them again.
+            return with_input(orjson.dumps(fields), [new_fragment] if new_fragment else [])
+        return orjson.dumps(fields)
+    fragments = previous.context_fragments()
+    if new_fragment:
+        fragments.append(new_fragment)
+    return with_input(orjson.dumps(create.fields), fragments)

@@ -1,0 +1,425 @@
+"""One turn, from a validated `response.create` to its cached response.
+
+The runner resolves `previous_response_id` in the connection's cache, builds the `Turn` and
+the handler's request, runs the in-process handler call with the events flowing to the socket,
+and on the terminal event caches the response. It also answers `generate: false` warm-ups and
+starts the work that follows a response (rendering its output, the `on_response` hook) off
+the next turn's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from ._after_response import AfterResponses
+from ._asgi import Scope
+from ._cache import CachedResponse, ResponseCache
+from ._client_events import CreateEvent, may_store
+from ._events import ResponseStream, lifecycle_events
+from ._handler_call import ClientGone, HandlerCall, handler_headers, http_scope
+from ._persistence import StoreLink, StoreUnavailable
+from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
+from ._settings import Settings
+from ._stack import entry
+from ._steering import Outcome, SteerInbox, Steering
+from ._tokens import Tokens
+from ._turn import Turn, build_body, tools_digest
+
+__all__ = ["TurnRunner"]
+
+logger = logging.getLogger(__name__)
+
+# How many distinct tool sets keep their handler-made artifacts per connection.
+TOOL_SETS = 64
+
+
+class TurnRunner:
+    """Runs the turns of one connection against its cache.
+
+    `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
+    sends an error event of the connection's own; `before_successor(give_back)` runs before
+    each turn steering starts (the connection's credential check: it raises `ClientGone` to
+    refuse, after awaiting `give_back()`, which returns the successor's steering input).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        scope: Scope,
+        cache: ResponseCache,
+        *,
+        send_text: Callable[[str], Awaitable[None]],
+        send_error: Callable[[dict[str, Any]], Awaitable[None]],
+        before_successor: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.stats = settings.stats
+        self.scope = scope
+        self.cache = cache
+        self.send_text = send_text
+        self.send_error = send_error
+        self._before_successor = before_successor
+        self.principal: Any = None
+        #: The store, when the middleware has one (`store=`), as this connection uses it.
+        self.store: StoreLink | None = None
+        #: The responses streaming now.
+        self.streams: set[ResponseStream] = set()
+        self._headers = handler_headers(scope)
+        #: Where turns enter: the whole application when the framework exposes one holding
+        #: this middleware (every HTTP middleware a plain POST meets runs, those outside
+        #: ws_mode included), else the app the middleware wraps.
+        whole = entry(scope, settings)
+        self._app = whole if whole is not None else settings.app
+        self._handler_path = scope.get("root_path", "") + settings.handler_path
+        self._tool_artifacts: LRUCache[bytes | None, dict[str, Any]] = LRUCache(TOOL_SETS)
+        #: Work that follows responses, off the next turn's path.
+        self.after = AfterResponses(settings)
+        #: `response.steer` input, queued into responses and behind them (`ws_mode._steering`).
+        self.steering = Steering(
+            enabled=settings.steering, limits=settings.limits, budget=settings.budget
+        )
+        #: Called with the request `run` was given once its response is about to be cached:
+        #: what the request held in the memory budget is let go first, so the two never
+        #: count at once (set by the connection: `Lanes.let_go`).
+        self.request_done: Callable[[CreateEvent], None] = lambda create: None
+
+    async def run(self, create: CreateEvent) -> None:
+        """Serve one `response.create`: its events go to the socket, its response to the
+        cache; then the successors steering input calls for, on the same lane."""
+        # Input queued behind the parent is committed by this create's response.created, or
+        # returned if it fails before: kept until then, never dropped on the way.
+        request = create
+        create, committing = self.steering.prepend_pending(create)
+        while True:
+            steerable = self.steering.enabled and self.steering.steerable(create)
+            inbox = self.steering.inbox() if steerable else None
+            outcome = await self._run_one(create, inbox, request)
+            if committing:
+                created = outcome is not None and outcome.response_id is not None
+                await self.steering.settle(committing, created, create.stream_id, self._send_event)
+                committing = []
+            if outcome is None or inbox is None:
+                return
+            follow = await self.steering.follow(create, outcome, self._send_event)
+            if follow is None:
+                return
+            create, committing = follow
+            if self._before_successor is not None:
+                # A successor is work the credentials must allow; refused, its input goes back.
+                await self._before_successor(
+                    functools.partial(
+                        self.steering.settle, committing, False, create.stream_id, self._send_event
+                    )
+                )
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
+        await self.send_text(encode_event(event))
+
+    async def _run_one(
+        self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
+    ) -> Outcome | None:
+        """One turn (`request` is what the client sent); how its response ended."""
+        previous: CachedResponse | None = None
+        forwarded = False
+        if create.previous_response_id is not None:
+            previous = self.cache.get(create.previous_response_id)
+            if previous is not None:
+                self.stats.cache_hits += 1
+            else:
+                self.stats.cache_misses += 1
+                if self.store is not None:
+                    try:
+                        previous = await self.store.hydrate(
+                            create.previous_response_id, create.stream_id, self.cache
+                        )
+                    except StoreUnavailable:  # its detail is in the log, not for the client
+                        await self.send_error(
+                            store_unavailable(create.previous_response_id, create.stream_id)
+                        )
+                        return None
+            if previous is not None:
+                self.stats.bytes_saved += previous.context_bytes
+            else:
+                if self.settings.on_cache_miss != "forward":
+                    why = self.cache.why_missing(create.previous_response_id)
+                    await self.send_error(
+                        not_found(create.previous_response_id, create.stream_id, why)
+                    )
+                    return None
+                forwarded = True  # the handler resolves the id itself
+        try:
+            current, new_fragment, body = self._prepare(create, previous, forwarded, inbox)
+        except Exception as exc:
+            await self.send_error(_unprepared(create, exc))
+            return None
+        if body is None:
+            self.stats.warm_ups += 1
+            self.request_done(request)
+            await self._warm_up(create, current, new_fragment)
+            return None
+        self.stats.turns += 1
+        started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
+
+        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
+            node = CachedResponse(
+                size=size,
+                id=response["id"],
+                response=response,
+                input_items=create.items,
+                output_items=output,
+                parent=previous,
+                stream_id=create.stream_id,
+                tools_digest=current.tools_digest,
+                artifacts=current.artifacts,
+                input_fragment=new_fragment,
+                remote=forwarded,
+                storable=_storable(create, response),
+            )
+            self.request_done(request)
+            self._remember(node, current, output)
+            self.after.start(node, current, response)
+
+        def failed() -> None:
+            # A failed continuation on the parent's own lane drops the parent
+            # (docs/protocol.md, "Conversation state").
+            if previous is not None and previous.stream_id == create.stream_id:
+                self.cache.evict(previous.id)
+
+        stream = ResponseStream(
+            send_text=self.send_text,
+            stream_id=create.stream_id,
+            previous_response_id=create.previous_response_id,
+            on_finished=finished,
+            on_failed=failed,
+            inbox=inbox,
+        )
+        scope = http_scope(
+            self.scope,
+            path=self._handler_path,
+            headers=self._headers,
+            body_length=len(body),
+            extension=current,
+        )
+        self.streams.add(stream)
+        max_buffered = self.limits.max_buffered_answer_bytes
+        call = asyncio.create_task(
+            HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
+        )
+        # If the turn is abandoned just as the call fails, nobody reads the outcome here.
+        call.add_done_callback(_retrieve)
+        try:
+            await self._until_finished(stream, call)
+        finally:
+            self.streams.discard(stream)
+            if stream.finished:
+                elapsed = time.perf_counter() - started
+                self.stats.turn_finished(elapsed, failed=stream.failure is not None)
+                if stream.failure is not None:
+                    self.stats.error(stream.failure)
+        if not call.done():
+            if stream.steered:
+                call.cancel()  # what the handler would still say was cut off for steering
+                await asyncio.gather(call, return_exceptions=True)
+            else:
+                # The client has its terminal event; what the handler still does (a background
+                # task, logging) goes on without holding up the lane.
+                self.after.keep(call)
+        else:
+            try:
+                call.result()
+            except ClientGone:
+                raise
+            except Exception:
+                # ws_mode's own fault; the lane and the connection go on.
+                logger.exception("WebSocket mode turn failed")
+                if not stream.finished:
+                    await stream.event(server_error("The server failed to run this request."))
+        # Without an inbox too: whether it was created decides what becomes of the steering
+        # input this create was to commit.
+        return Outcome(
+            inbox if inbox is not None else SteerInbox(),
+            stream.response_id,
+            stream.output,
+            stream.next_sequence_number(),
+        )
+
+    def _prepare(
+        self,
+        create: CreateEvent,
+        previous: CachedResponse | None,
+        forwarded: bool,
+        inbox: SteerInbox | None,
+    ) -> tuple[Turn, bytes, bytes | None]:
+        """The turn's Turn, its new items encoded, and the handler's request body (None for a
+        warm-up, which calls no handler)."""
+        digest = tools_digest(create.tools)
+        renderer = self.settings.renderer
+        if renderer is not None and previous is not None and previous.tokens is None:
+            # A parent made elsewhere (hydrated from the store): render its context once.
+            parent = previous
+            parent.defer_tokens(lambda: Tokens().extended(renderer(list(parent.context_items()))))
+        current = Turn(
+            previous=previous,
+            new_input=create.items,
+            stream_id=create.stream_id,
+            tools_digest=digest,
+            generate=create.generate,
+            full_context=_full_context(self.settings.full_context, previous, forwarded),
+            cache_aware=self.settings.full_context == "on_miss",
+            tool_artifacts=self._tool_artifacts_for(digest),
+            principal=self.principal,
+            new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
+            steering=inbox,
+        )
+        new_fragment = create.items.fragment
+        if not create.generate:
+            return current, new_fragment, None
+        body = build_body(
+            create, previous, full_context=current.full_context, new_fragment=new_fragment
+        )
+        return current, new_fragment, body
+
+    async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
+        """Wait until the response ended or the handler call returned, whichever is first."""
+        ended = asyncio.create_task(stream.ended.wait())
+        try:
+            await asyncio.wait(
+                (call, ended),
+                timeout=self.limits.max_turn_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ended.cancel()
+            if not stream.finished and not call.done():
+                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+        if not stream.finished and call.cancelled():
+            await stream.event(
+                error_event(
+                    504,
+                    "server_error",
+                    "turn_timeout",
+                    f"The handler did not finish within {self.limits.max_turn_seconds:g} "
+                    "seconds (Limits.max_turn_seconds).",
+                )
+            )
+
+    async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
+        """`generate: false`: prepare the request's state and answer with an empty response.
+
+        The input is validated, encoded and rendered now, so the first generated turn that
+        continues from the warm-up finds it all cached. No handler saw it, so nothing has
+        authorized its content: it is never written to the store by itself, only with the
+        first generated response that continues from it (whose context the handler saw).
+        """
+        fields = create.fields
+        response: dict[str, Any] = {
+            "id": "resp_" + secrets.token_hex(16),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": fields.get("model"),
+            "output": [],
+            "previous_response_id": create.previous_response_id,
+            "instructions": fields.get("instructions"),
+            "tools": fields.get("tools") or [],
+            "tool_choice": fields.get("tool_choice", "auto"),
+            "parallel_tool_calls": fields.get("parallel_tool_calls", True),
+            "store": fields.get("store") is not False,
+            "metadata": fields.get("metadata") or {},
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        node = CachedResponse(
+            id=response["id"],
+            response=response,
+            input_items=create.items,
+            output_items=[],
+            parent=current.previous,
+            stream_id=create.stream_id,
+            tools_digest=current.tools_digest,
+            input_fragment=new_fragment,
+            storable=_storable(create, response),
+        )
+        self._remember(node, current, [], write=False)
+        node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
+        for event in lifecycle_events(response, in_progress=False):
+            if create.stream_id is not None:
+                event["stream_id"] = create.stream_id
+            await self.send_text(encode_event(event))
+
+    # State kept across turns.
+
+    def _tool_artifacts_for(self, digest: bytes | None) -> dict[str, Any]:
+        artifacts = self._tool_artifacts.get(digest)
+        if artifacts is None:
+            artifacts = self._tool_artifacts[digest] = {}
+        return artifacts
+
+    def _remember(
+        self,
+        node: CachedResponse,
+        current: Turn,
+        output: list[dict[str, Any]],
+        *,
+        write: bool = True,
+    ) -> None:
+        """Cache a finished response, and start writing it to the store (with its ancestors
+        never written) unless `write` is False (a warm-up); its output is rendered later,
+        off the next turn's path."""
+        renderer = self.settings.renderer
+        prefix, new_tokens = current.prefix_tokens, current.new_tokens
+        if renderer is not None and prefix is not None and new_tokens is not None:
+            node.defer_tokens(
+                lambda: prefix.extended(new_tokens, renderer(output) if output else ())
+            )
+        self.cache.put(node)
+        if write and self.store is not None:
+            # Started now, before the terminal event goes out; the process owns the write,
+            # so the connection closing never cancels it.
+            self.store.write(node)
+
+
+def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
+    """Whether a turn's request carries the whole context in `input`."""
+    if previous is None:
+        return not forwarded
+    return mode == "always" and not previous.remote
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
+    """The error event of a request that could not be turned into a handler call."""
+    if isinstance(exc, orjson.JSONEncodeError):
+        # orjson reads JSON nested up to 1,024 levels but writes only up to 254.
+        return error_event(
+            400,
+            "invalid_request_error",
+            "nested_too_deeply",
+            f"The request cannot be re-encoded: {exc}. Nest input, tools and metadata less deeply.",
+            stream_id=create.stream_id,
+        )
+    logger.error("preparing a WebSocket mode turn failed", exc_info=exc)
+    return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
+
+
+def _storable(create: CreateEvent, response: dict[str, Any]) -> bool:
+    """Whether a response may be kept beyond the connection: neither the request nor the
+    response object says `store: false` (true by default)."""
+    return may_store(create.fields.get("store"), response)

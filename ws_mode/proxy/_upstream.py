@@ -1,0 +1,208 @@
+"""The proxy's dealings with the upstream whatever client talks to it: its URL, the headers that
+may cross, compressed answers undone, and its failures as OpenAI errors (an HTTP error answer,
+or an SSE ``error`` event mid-stream). The clients themselves are :mod:`ws_mode.proxy._transport`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from .._asgi import Send
+from .._errors import ConfigError
+from .._headers import end_to_end
+from .._logs import for_log
+from .._protocol import error_body, json_answer
+from .._sse import encode_sse
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_TIMEOUT",
+    "REQUEST_DROPPED",
+    "BodyDecoder",
+    "UpstreamError",
+    "UpstreamFailure",
+    "answer_headers",
+    "check_upstream",
+    "log_failure",
+    "public_url",
+]
+
+logger = logging.getLogger("ws_mode.proxy")
+
+DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
+"""600 s to wait for each read (a long generation, a gap between events), 10 s to connect."""
+
+DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Connections to the upstream: a proxy holds one per response being streamed."""
+
+REQUEST_DROPPED: Final = (b"host", b"content-length", b"accept-encoding", b"expect")
+"""Request headers the proxy sets itself besides the hop-by-hop ones (`ws_mode._headers`): the
+client sets `host` and the body's length, the upstream is asked for an uncompressed answer, and
+`expect` was the front server's business."""
+# Response headers the front server sets itself (it would send them twice otherwise).
+_RESPONSE_DROPPED: Final = (b"date", b"server")
+# Encodings the proxy undoes (zlib, no optional package): an upstream that compresses in spite
+# of `accept-encoding: identity` has these undone, so an event stream stays readable.
+_WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
+
+
+def check_upstream(upstream: object) -> str:
+    """``upstream`` as a normalized http(s) base URL (no trailing slash), or a ConfigError."""
+    if not isinstance(upstream, str):
+        raise ConfigError(f"upstream must be a URL string, got {type(upstream).__name__}.")
+    parts = urlsplit(upstream.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"upstream must be an http:// or https:// URL with a host, got {upstream!r}."
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"upstream must not have a query or a fragment, got {upstream!r}.")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def public_url(url: str) -> str:
+    """``url`` without the credentials it may hold, to show or log."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
+# Headers and bodies.
+
+
+def answer_headers(
+    raw: Iterable[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], BodyDecoder | None]:
+    """The upstream answer's headers to send to the client, and the decoder its body goes
+    through when the upstream compressed it anyway with encodings the proxy undoes (gzip,
+    deflate); other encodings pass through untouched, with their headers."""
+    headers = end_to_end(raw, _RESPONSE_DROPPED)
+    encodings: list[str] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            encodings += [
+                token
+                for token in (part.strip().lower() for part in value.decode("latin-1").split(","))
+                if token and token != "identity"
+            ]
+    if not encodings or not all(token in _WBITS for token in encodings):
+        return headers, None
+    # Undone here, so the sizes and encoding change.
+    dropped = (b"content-encoding", b"content-length")
+    return [(k, v) for k, v in headers if k not in dropped], BodyDecoder(encodings)
+
+
+class BodyDecoder:
+    """Undoes a chain of gzip/deflate content encodings, chunk by chunk (the last encoding
+    applied is undone first). ``deflate`` is zlib-wrapped, or raw as some servers send it."""
+
+    def __init__(self, encodings: Iterable[str]) -> None:
+        self._wbits = [_WBITS[token] for token in reversed(list(encodings))]
+        self._stages = [_decompressor(bits) for bits in self._wbits]
+        self._started = [False] * len(self._stages)
+
+    def decode(self, chunk: bytes) -> bytes:
+        """The decoded bytes of ``chunk`` (possibly none yet)."""
+        for index, stage in enumerate(self._stages):
+            if not chunk:
+                return b""
+            try:
+                chunk = stage.decompress(chunk)
+            except zlib.error:
+                if self._started[index] or self._wbits[index] != 0:
+                    raise
+                # A raw deflate stream (no zlib header): start again without one.
+                self._stages[index] = stage = zlib.decompressobj(-zlib.MAX_WBITS)
+                chunk = stage.decompress(chunk)
+            self._started[index] = True
+        return chunk
+
+    def flush(self) -> bytes:
+        """What is left once the body has ended."""
+        chunk = b""
+        for stage in self._stages:
+            chunk = (stage.decompress(chunk) if chunk else b"") + stage.flush()
+        return chunk
+
+
+def _decompressor(wbits: int) -> zlib._Decompress:
+    # deflate: a zlib header (MAX_WBITS) is expected; raw deflate is caught on the first chunk.
+    return zlib.decompressobj(wbits or zlib.MAX_WBITS)
+
+
+# Failures.
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFailure:
+    """A failure to reach the upstream, or to read its answer, as the client is told of it:
+    a ``server_error`` with an HTTP status and a code (the upstream's address is not in it)."""
+
+    status: int
+    code: str
+    message: str
+
+    @classmethod
+    def timeout(cls, name: str) -> UpstreamFailure:
+        """504: the upstream did not connect, or did not answer, in time (``name``: what the
+        client library raised)."""
+        message = f"The upstream Responses server did not answer in time ({name})."
+        return cls(504, "upstream_timeout", message)
+
+    @classmethod
+    def unreachable(cls, name: str) -> UpstreamFailure:
+        """502: the upstream could not be reached."""
+        message = f"The upstream Responses server could not be reached ({name})."
+        return cls(502, "upstream_unreachable", message)
+
+    @classmethod
+    def broken(cls, name: str) -> UpstreamFailure:
+        """502: the upstream failed while answering (a broken connection or answer)."""
+        message = f"The upstream Responses server failed to answer ({name})."
+        return cls(502, "upstream_error", message)
+
+    def sse_event(self) -> bytes:
+        """The failure as an SSE ``error`` event (OpenAI's flat HTTP stream shape), to end an
+        event stream with; ``status`` is what the middleware puts on the socket's error event."""
+        return encode_sse(
+            {
+                "type": "error",
+                "status": self.status,
+                "code": self.code,
+                "message": self.message,
+                "param": None,
+            }
+        )
+
+    async def send(self, send: Send) -> None:
+        """Answer the client's HTTP request with the failure and an OpenAI error body."""
+        body = error_body("server_error", self.code, self.message)
+        with contextlib.suppress(Exception):  # the client may have gone meanwhile
+            for message in json_answer("http.response", self.status, body):
+                await send(message)
+
+
+class UpstreamError(Exception):
+    """A request to the upstream failed (its client library's error is the ``__cause__``)."""
+
+    def __init__(self, failure: UpstreamFailure, cause: BaseException) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.cause = cause
+
+
+def log_failure(error: UpstreamError, method: str, url: str) -> None:
+    """Log a failed upstream request for the operator: its address goes here, never to the
+    client."""
+    logger.warning(
+        "proxying %s %s failed: %s", for_log(method), for_log(public_url(url)), for_log(error.cause)
+    )

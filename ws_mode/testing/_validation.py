@@ -1,0 +1,225 @@
+"""Protocol validity of what the client received: each frame one JSON event with a `type`, and
+each turn's events a valid response stream (docs/protocol.md, "Server events" and "Errors")."""
+
+from __future__ import annotations
+
+import functools
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from .._protocol import RESPONSE_EVENTS, TERMINAL_EVENT_BY_STATUS
+from ._diff import short
+from ._items import Item, copy_json
+from ._program import Step
+from ._report import TurnFailed
+
+__all__ = ["check_events", "check_type", "error_code", "frame_failure", "validate_items"]
+
+
+def frame_failure(kind: str, frame: str | bytes) -> TurnFailed:
+    """The failure of a frame that holds no event: a `binary_frame`, one `not_json`, or
+    `not_object` (the kinds of `ws_mode.testing._client.FrameError`)."""
+    if kind == "binary_frame":
+        return TurnFailed(
+            "the server sent a binary frame; every event must be JSON in a text frame"
+        )
+    shown = "frame: " + short(frame if isinstance(frame, str) else repr(frame))
+    if kind == "not_json":
+        leaked = isinstance(frame, str) and frame.startswith(("event:", "data:"))
+        hint = " (SSE framing leaked onto the socket)" if leaked else ""
+        return TurnFailed("a frame is not JSON" + hint, shown)
+    return TurnFailed("a frame is not a JSON object", shown)
+
+
+def check_type(event: dict[str, Any]) -> dict[str, Any]:
+    """Return `event`; raise `TurnFailed` unless its `type` is a string."""
+    if not isinstance(event.get("type"), str):
+        raise TurnFailed("an event has no string 'type'", "event: " + short(event))
+    return event
+
+
+def check_events(
+    step: Step,
+    request: Mapping[str, Any],
+    events: list[dict[str, Any]],
+    *,
+    earlier: Mapping[str, int],
+    allow_errors: bool,
+    validate_output: bool,
+) -> tuple[dict[str, Any] | None, list[Item]]:
+    """Check one turn's events, ending with its terminal event; return the final response
+    object (None after an `error`) and a copy of its output items.
+
+    `request` is what the client sent, `earlier` the response ids returned by earlier turns
+    (with their turn); errors fail the turn unless `allow_errors`, and `validate_output` checks
+    the items with the openai SDK's models."""
+    sent_previous = request.get("previous_response_id")
+    last_number: int | None = None
+    response_id: str | None = None
+    done_items: dict[int, Item] = {}
+    for number, event in enumerate(events):
+        kind = event["type"]
+        where = f"event {number} ({kind})"
+        if step.lane is None and "stream_id" in event:
+            raise TurnFailed(
+                f"{where} carries a stream_id on the default lane",
+                f"stream_id: {event['stream_id']!r}",
+            )
+        if step.lane is not None and event.get("stream_id") != step.lane:
+            raise TurnFailed(
+                f"{where} does not carry its lane's stream_id",
+                f"expected {step.lane!r}, got {event.get('stream_id')!r}",
+            )
+        sequence = event.get("sequence_number")
+        if sequence is not None:
+            if not isinstance(sequence, int) or isinstance(sequence, bool):
+                raise TurnFailed(f"{where} has a sequence_number that is not an integer")
+            if last_number is not None and sequence <= last_number:
+                raise TurnFailed(
+                    f"{where}: sequence numbers do not increase",
+                    f"{sequence} follows {last_number}",
+                )
+            last_number = sequence
+        if kind == "response.created" and number != 0:
+            raise TurnFailed(f"{where}: response.created is not the first event of the turn")
+        if kind == "error":
+            _check_error(where, event)
+        if kind in RESPONSE_EVENTS:
+            response = event.get("response")
+            if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+                raise TurnFailed(f"{where} has no response object with an id")
+            if response_id is None:
+                response_id = response["id"]
+            elif response["id"] != response_id:
+                raise TurnFailed(
+                    f"{where}: the response id changed within the turn",
+                    f"{response['id']!r} after {response_id!r}",
+                )
+            if response.get("object", "response") != "response":
+                raise TurnFailed(f"{where}: the response object's 'object' is not 'response'")
+            if response.get("previous_response_id") != sent_previous:
+                raise TurnFailed(
+                    f"{where}: the response object does not echo the client's previous_response_id",
+                    f"sent {sent_previous!r}, the response says "
+                    f"{response.get('previous_response_id')!r}",
+                )
+        if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
+            index = event.get("output_index")
+            done_items[index if isinstance(index, int) else len(done_items)] = event["item"]
+    first, last = events[0]["type"], events[-1]["type"]
+    if first != "response.created" and not (first == "error" and len(events) == 1):
+        raise TurnFailed(
+            "the turn does not start with response.created",
+            "a turn is response.created ... terminal event, or one error event",
+        )
+    if last == "error" or last == "response.failed":
+        if not allow_errors:
+            raise TurnFailed(
+                f"the turn ended with {last} (pass allow_errors=True to accept errors)",
+                "terminal event: " + short(events[-1], 600),
+            )
+        if last == "response.failed":
+            failed: dict[str, Any] = events[-1]["response"]
+            if failed.get("status") != "failed":
+                raise TurnFailed(f"response.failed carries status {failed.get('status')!r}")
+            return failed, []
+        return None, []
+    response = events[-1]["response"]
+    if response_id is not None and response_id in earlier:
+        raise TurnFailed(
+            "the response id is not new",
+            f"{response_id!r} was already returned by turn {earlier[response_id]}",
+        )
+    status = response.get("status")
+    if not isinstance(status, str) or TERMINAL_EVENT_BY_STATUS.get(status) != last:
+        raise TurnFailed(
+            f"{last} carries a response whose status is {status!r}",
+            f"expected {last.removeprefix('response.')!r}",
+        )
+    output = response.get("output")
+    if not isinstance(output, list) or (not output and done_items):
+        # A terminal event may omit the output; the finished items hold it.
+        output = [done_items[index] for index in sorted(done_items)]
+    if not all(isinstance(item, dict) for item in output):
+        raise TurnFailed("the response's output holds something that is not an item object")
+    if not step.generate:
+        if last != "response.completed" or output:
+            raise TurnFailed(
+                "a warm-up (generate: false) must end with response.completed and no output",
+                f"{last} with {len(output)} output item(s)",
+            )
+    elif validate_output:
+        validate_items(output)
+    return response, copy_json(output)
+
+
+def _check_error(where: str, event: dict[str, Any]) -> None:
+    """An error event is in the nested envelope, with an HTTP-like status."""
+    status, error = event.get("status"), event.get("error")
+    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
+        raise TurnFailed(f"{where}: the error event has no HTTP-like 'status'", short(event))
+    if not (
+        isinstance(error, dict)
+        and isinstance(error.get("type"), str)
+        and isinstance(error.get("message"), str)
+    ):
+        raise TurnFailed(
+            f"{where}: the error is not in the nested envelope "
+            '{"type": "error", "status": ..., "error": {"type", "code", "message", "param"}}',
+            short(event),
+        )
+
+
+def error_code(event: dict[str, Any]) -> Any:
+    """The `code` of an error event's nested error, if any."""
+    error = event.get("error")
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def validate_items(output: list[Item]) -> None:
+    """Each output item validates with the openai SDK's model of its type (when the SDK is
+    installed)."""
+    models = _sdk_item_models()
+    if models is None:
+        return
+    from pydantic import ValidationError
+
+    for number, item in enumerate(output):
+        model = models.get(item.get("type", "message"))
+        if model is None:
+            raise TurnFailed(
+                f"output item {number} has a type the openai SDK does not know: "
+                f"{item.get('type')!r}",
+                short(item),
+            )
+        try:
+            model.model_validate(item)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            shown = [
+                ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
+                for error in errors[:4]
+            ]
+            raise TurnFailed(
+                f"output item {number} does not validate with the openai SDK's "
+                f"{model.__name__} (pass validate_output=False to skip this check)",
+                "\n".join([*shown, "item: " + short(item)]),
+            ) from None
+
+
+@functools.cache
+def _sdk_item_models() -> dict[str, Any] | None:
+    """The openai SDK's output item models by their `type`, or None without the SDK."""
+    try:
+        from openai.types.responses import ResponseOutputItem
+    except ImportError:
+        return None
+    union = typing.get_args(ResponseOutputItem)[0]
+    models: dict[str, Any] = {}
+    for member in typing.get_args(union):
+        field = getattr(member, "model_fields", {}).get("type")
+        for literal in typing.get_args(field.annotation) if field is not None else ():
+            if isinstance(literal, str):
+                models[literal] = member
+    return models

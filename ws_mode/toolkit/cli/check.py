@@ -1,0 +1,174 @@
+"""``ws-mode check URL``: does this endpoint speak WebSocket mode, and what cuts it?
+
+Points the checks of :mod:`ws_mode.toolkit.check.live` at any live endpoint (ours or anyone's,
+local or behind proxies and load balancers) and prints one row a check (``ok``, ``FAILED`` or
+``skipped``), then for each failure what to change in the server, the proxy or the balancer.
+Exits 1 when a check fails, so a deployment can run it in CI; ``--json FILE`` writes the
+results. The URL is the HTTP API's base (``http://host:8000``, ``https://host/v1``, as the
+openai SDK's ``base_url``) or the socket's own (``wss://host/v1/responses``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..args import number
+from .common import PROG, CommandError
+
+__all__ = ["add_command", "parse_size", "run_check", "target_of"]
+
+KiB = 1024
+MiB = 1024 * KiB
+_UNITS = {"": 1, "b": 1, "k": KiB, "kb": KiB, "kib": KiB, "m": MiB, "mb": MiB, "mib": MiB}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*\Z", re.IGNORECASE)
+_SECONDS = number(float, 0)
+_TIMEOUT = number(float, 0, strict=True)
+#: The socket's path under the API's base, as the openai SDK builds it.
+SOCKET_PATH = "/v1/responses"
+
+
+def parse_size(text: str) -> int:
+    """An argparse type: a size in bytes, with an optional unit (``64KiB``, ``16M``; K and M
+    are 1024 and 1024²)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 65536, 64KiB or 16MiB: {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def target_of(url: str) -> tuple[str, str]:
+    """The base URL and socket path of ``url``: an HTTP base (``/v1`` and ``/v1/responses``
+    optional) gets ``/v1/responses``; a ``ws://`` or ``wss://`` URL is the socket's own (its
+    path, when it has one, kept). :class:`CommandError` for anything else."""
+    from ..bench.url import api_base
+
+    parts = urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise CommandError(f"expected an http(s):// or ws(s):// URL, got {url!r}")
+    path = parts.path.rstrip("/")
+    origin = f"{scheme}://{parts.netloc}"
+    if parts.scheme in ("ws", "wss") and path and not path.endswith(("/v1", SOCKET_PATH)):
+        return origin, path + (f"?{parts.query}" if parts.query else "")
+    return api_base(origin + path), SOCKET_PATH
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``check`` and its flags."""
+    check = commands.add_parser(
+        "check",
+        help="check that a live endpoint speaks WebSocket mode, through its proxies",
+        description="Run WebSocket mode's checks against a live endpoint: the handshake, a "
+        "warm-up, a chained conversation, previous_response_not_found, two lanes at once, the "
+        "error envelope, the largest message that gets through and whether an idle socket "
+        "survives; print a table and, for each failure, what to change. Exits 1 when a check "
+        "fails. See docs/deployment.md.",
+    )
+    check.add_argument(
+        "url",
+        metavar="URL",
+        help="the API's base URL (http://host:8000, https://host/v1) or the socket's "
+        "(wss://host/v1/responses)",
+    )
+    check.add_argument(
+        "--api-key",
+        default=None,
+        help="sent as Authorization: Bearer KEY on the handshake (default: $OPENAI_API_KEY)",
+    )
+    check.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header for the handshake (repeatable)",
+    )
+    check.add_argument(
+        "--model",
+        default=None,
+        help="the model to ask for (default: none sent; the server's default)",
+    )
+    check.add_argument(
+        "--timeout",
+        type=_TIMEOUT,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a handshake or one turn may take (default: %(default)g)",
+    )
+    check.add_argument(
+        "--idle",
+        type=_SECONDS,
+        default=75.0,
+        metavar="SECONDS",
+        help="how long the idle socket stays silent, the client sending no pings; 0 skips "
+        "the check (default: %(default)g, past the 60 s idle timeouts of nginx and AWS ALB)",
+    )
+    check.add_argument(
+        "--min-probe-bytes",
+        type=parse_size,
+        default=64 * KiB,
+        metavar="SIZE",
+        help="the first message size probed (default: 64KiB)",
+    )
+    check.add_argument(
+        "--max-probe-bytes",
+        type=parse_size,
+        default=64 * MiB,
+        metavar="SIZE",
+        help="the largest message size probed, what the deployment must carry; 0 skips the "
+        "probe (default: 64MiB, ws_mode's Limits.max_message_bytes)",
+    )
+    check.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    check.set_defaults(run=run_check)
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    from ..bench.options import BenchError, BenchOptions
+
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
+    try:
+        return BenchOptions(headers=tuple(args.header), api_key=api_key).request_headers()
+    except BenchError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run ``ws-mode check``: 0 when every check passed (or was skipped), 1 otherwise."""
+    from ..check.live import run_live_checks
+    from ..check.live_report import CheckResult, format_report, report_json
+    from ..check.live_socket import LiveOptions, Target
+
+    base, path = target_of(args.url)
+    if args.max_probe_bytes and args.min_probe_bytes > args.max_probe_bytes:
+        raise CommandError("--min-probe-bytes is larger than --max-probe-bytes")
+    options = LiveOptions(
+        headers=_headers(args),
+        model=args.model,
+        timeout=args.timeout,
+        idle_seconds=args.idle,
+        min_probe_bytes=max(1, args.min_probe_bytes),
+        max_probe_bytes=args.max_probe_bytes,
+    )
+    target = Target(base, path)
+    interactive = sys.stderr.isatty()
+    if interactive:
+        print(f"{PROG} check: checking {target.url}", file=sys.stderr, flush=True)
+
+    def progress(result: CheckResult) -> None:
+        if interactive:
+            print(f"  {result.name}: {result.status}", file=sys.stderr, flush=True)
+
+    report = run_live_checks(target, options, progress)
+    print("\n".join(format_report(report)), flush=True)
+    if args.json is not None:
+        try:
+            Path(args.json).write_text(json.dumps(report_json(report), indent=2) + "\n")
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.json}: {exc}") from None
+    return 0 if report.ok else 1

@@ -1,0 +1,215 @@
+"""What the ``ws-mode`` commands share: their error, their paths, the foreground server.
+
+:class:`CommandError` is the one-line failure a command exits 1 for; :func:`run_server` runs
+uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
+:func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
+bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ws_mode import _logs as logs
+from ws_mode._limits import Limits
+from ws_mode._store import MemoryStore, ResponseStore
+from ws_mode.testing._loopback import ws_max_size
+
+from ..args import port
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
+__all__ = [
+    "API_PATH",
+    "LOG_LEVELS",
+    "PROG",
+    "CommandError",
+    "add_server_arguments",
+    "run_server",
+    "run_workers",
+    "store_argument",
+    "store_from_argument",
+    "url_host",
+]
+
+PROG: Final = "ws-mode"
+API_PATH: Final = "/v1/responses"
+LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line and exits non-zero for."""
+
+
+def add_server_arguments(
+    parser: argparse.ArgumentParser, *, store_type: Callable[[str], Any] | None = None
+) -> None:
+    """The flags of a command that serves in the foreground: ``--host``, ``--port``,
+    ``--log-level``, ``--store``. ``--store`` gives a store (:func:`store_from_argument`),
+    or what ``store_type`` makes of its text (:func:`store_argument` keeps the text)."""
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=port, default=8000, help="port to bind, 0 for any (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level"
+    )
+    parser.add_argument(
+        "--store",
+        type=store_type or store_from_argument,
+        default=None,
+        metavar="memory|redis://HOST:PORT/DB",
+        help="keep responses created with store: true beyond the socket, so a client can "
+        "continue them after a reconnect or on another worker: in this process (memory) or "
+        "in Redis (needs the redis extra) (default: none)",
+    )
+
+
+def store_argument(text: str) -> str:
+    """A ``--store`` value checked (``memory``, or a Redis URL with redis-py installed), as
+    given: for a store to be built later, or elsewhere (each worker process)."""
+    if text == "memory":
+        return text
+    if is_redis_url(text):
+        if importlib.util.find_spec("redis") is None:
+            raise argparse.ArgumentTypeError(
+                'a Redis store needs the redis extra: pip install "ws-mode[redis]"'
+            )
+        return text
+    raise argparse.ArgumentTypeError(f"expected memory or a redis:// URL, got {text!r}")
+
+
+def is_redis_url(text: str) -> bool:
+    """Whether a ``--store`` value names a Redis store (shared by processes and hosts)."""
+    return text.startswith(("redis://", "rediss://", "unix://"))
+
+
+def store_from_argument(text: str) -> ResponseStore:
+    """The store a ``--store`` value names."""
+    if store_argument(text) == "memory":
+        return MemoryStore()
+    from ws_mode.redis_store import RedisStore
+
+    return RedisStore(text)
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def run_server(
+    app: ASGIApp,
+    args: argparse.Namespace,
+    limits: Limits,
+    banner: Callable[[str], str],
+    what: str,
+    **config: Any,
+) -> None:
+    """Run ``app`` under uvicorn at ``args.host``/``args.port`` (``args.log_level``), draining
+    WebSocket mode on shutdown; print ``banner(origin)`` once bound. ``config`` goes to
+    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start."""
+    import uvicorn
+
+    from ws_mode.server import Server
+
+    host = url_host(args.host)
+    port: int = args.port
+
+    class AnnouncingServer(Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(banner(f"{host}:{_bound_port(self, port)}"), flush=True)
+
+    settings = uvicorn.Config(
+        app,
+        host=args.host,
+        port=port,
+        log_level=args.log_level,
+        ws_max_size=ws_max_size(limits),
+        **config,
+    )
+    try:
+        AnnouncingServer(settings).run()
+    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
+        if exc.code:
+            raise CommandError(f"the {what} could not start on {host}:{port}") from None
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it shut down for
+
+
+def run_workers(
+    target: str,
+    args: argparse.Namespace,
+    limits: Limits,
+    banner: Callable[[str], str],
+    what: str,
+    **config: Any,
+) -> None:
+    """Run ``args.workers`` uvicorn worker processes serving the app factory ``target``
+    (``"module:function"``, called in each worker) on one socket bound here at
+    ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
+    process's environment, and uvicorn restarts one that dies. ``config`` goes to
+    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start.
+
+    The workers are uvicorn's own servers: on shutdown their sockets close at once (1012)
+    instead of draining first as with :func:`run_server`.
+    """
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    host = url_host(args.host)
+    settings = uvicorn.Config(
+        target,
+        factory=True,
+        workers=args.workers,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ws_max_size=ws_max_size(limits),
+        **config,
+    )
+    try:
+        listener = settings.bind_socket()
+    except SystemExit:  # uvicorn exits when it cannot bind
+        raise CommandError(f"the {what} could not start on {host}:{args.port}") from None
+    with listener:
+        listener.listen(settings.backlog)  # connections wait for the workers, never refused
+        print(banner(f"{host}:{listener.getsockname()[1]}"), flush=True)
+        supervisor = Multiprocess(settings, sockets=[listener])
+        with contextlib.suppress(KeyboardInterrupt):
+            supervisor.run()
+    if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
+        raise CommandError(f"the {what}'s workers could not start on {host}:{args.port}")
+
+
+def _bound_port(server: uvicorn.Server, default: int) -> int:
+    """The port a started uvicorn server listens on (the chosen one when asked for 0)."""
+    for listening in getattr(server, "servers", ()):  # set by startup()
+        for listener in listening.sockets:
+            port: int = listener.getsockname()[1]
+            return port
+    return default
+
+
+def configure_logging() -> None:
+    """What the command's processes print (a program, unlike the library, may configure
+    logging): ws_mode's warnings on stderr in uvicorn's style, uvicorn's spurious line after
+    ws_mode's refusals dropped. The warning that socket turns may miss middleware outside
+    WebSocketModeMiddleware is not printed: the command serves the middleware itself, so
+    nothing wraps it."""
+    logs.show_on_stderr()
+    logs.filter_uvicorn_refusals()
+    logging.getLogger("ws_mode._stack").setLevel(logging.ERROR)
