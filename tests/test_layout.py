@@ -5,6 +5,7 @@ and the direction of their imports as the import graph has them."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -14,19 +15,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ws_mode"
 # Past this many lines a module's docstring says why it is one concept (size is no reason to
 # split a module; httpx's and websockets' cohesive modules run to 1,000-2,000 lines).
 MAX_LINES = 800
-#: Subpackages that are tools around the core; the core (every top-level module) never
-#: imports them.
-TOOLS = ("bench", "cli", "reference", "testing", "tools")
-#: The toolkit: these subpackages, and `ws-mode check`'s probes (`ws_mode.toolkit.check.live*`); the
-#: rest of `ws_mode.testing` is the library's compatibility kit.
-TOOLKIT = ("bench", "cli", "reference", "tools")
-ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
-#: The library's only imports of the toolkit (docs/architecture.md states them): the kit drives
-#: its socket with the tools' client and serves the app with their loopback server.
-BORROWED = {
-    "ws_mode.testing._check": {"ws_mode.testing._loopback"},
-    "ws_mode.testing._run": {"ws_mode.testing._client"},
+#: The toolkit's one folder: the `ws-mode` command, the reference server, the benchmarks, the
+#: load and link tools and the `check` probes. Everything else under `ws_mode/` is the library.
+TOOLKIT = "ws_mode.toolkit"
+#: The library's public modules besides `ws_mode` itself; every other library module is
+#: private (its name starts with an underscore).
+PUBLIC = {
+    "ws_mode.fastapi",
+    "ws_mode.prometheus",
+    "ws_mode.proxy",
+    "ws_mode.redis_store",
+    "ws_mode.server",
+    "ws_mode.testing",
 }
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
 def module_name(path: Path) -> str:
@@ -106,13 +108,57 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-def test_the_core_does_not_import_its_tools() -> None:
-    core = [name for name in GRAPH if name.count(".") == 1 and name.split(".")[1] not in TOOLS]
-    leaks = {
-        name: sorted(t for t in GRAPH[name] if t.split(".")[1:2] and t.split(".")[1] in TOOLS)
-        for name in core
-    }
+def in_library(name: str) -> bool:
+    """Whether `name` is a library module, not the toolkit's."""
+    return name != TOOLKIT and not name.startswith(TOOLKIT + ".")
+
+
+LIBRARY = sorted(name for name in MODULES if in_library(name))
+
+
+def test_the_library_never_imports_the_toolkit() -> None:
+    leaks = {name: sorted(t for t in GRAPH[name] if not in_library(t)) for name in LIBRARY}
     assert {name: found for name, found in leaks.items() if found} == {}
+
+
+def test_the_toolkit_is_one_folder_and_the_library_the_rest() -> None:
+    toolkit = [name for name in MODULES if not in_library(name)]
+    assert "ws_mode.toolkit.cli" in toolkit
+    assert "ws_mode.toolkit.reference" in toolkit
+    assert all(MODULES[name].is_relative_to(PACKAGE / "toolkit") for name in toolkit)
+    assert "ws_mode._middleware" in LIBRARY
+    assert "ws_mode.testing._client" in LIBRARY  # the one socket client, which the kit needs
+
+
+def is_private(name: str) -> bool:
+    return any(part.startswith("_") for part in name.split(".")[1:])
+
+
+def test_the_library_s_internals_are_private() -> None:
+    exposed = [
+        name
+        for name in LIBRARY
+        if name != "ws_mode" and name not in PUBLIC and not is_private(name)
+    ]
+    assert exposed == [], "a library module is neither in PUBLIC nor named _private"
+
+
+@pytest.mark.parametrize("name", ["ws_mode", *sorted(PUBLIC)])
+def test_every_public_name_is_exported_and_resolves(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = getattr(module, "__all__", None)
+    assert exported, f"{name} has no __all__"
+    assert len(set(exported)) == len(exported)
+    assert [n for n in exported if not hasattr(module, n)] == []
+    assert not [n for n in exported if n.startswith("_") and n != "__version__"]
+
+
+def test_the_public_surface_holds_what_a_middleware_user_imports() -> None:
+    import ws_mode
+
+    for name in ("WebSocketModeMiddleware", "Limits", "Turn", "turn", "ConfigError",
+                 "MemoryStore", "ResponseStore", "Stats", "find_middlewares"):
+        assert name in ws_mode.__all__, name
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -127,15 +173,6 @@ def test_module_says_what_it_is(name: str) -> None:
         )
 
 
-def in_library(name: str) -> bool:
-    """Whether `name` is a library module, not the toolkit's (see TOOLKIT)."""
-    parts = name.split(".")
-    if len(parts) > 1 and parts[1] in TOOLKIT:
-        return False
-    return not (len(parts) > 2 and parts[1] == "testing" and parts[2].startswith("live"))
-
-
-LIBRARY = sorted(name for name in MODULES if in_library(name))
 #: How docs/architecture.md names a module: its path inside ws_mode/ (`proxy/app.py`).
 FILE_OF = {name: MODULES[name].relative_to(PACKAGE).as_posix() for name in MODULES}
 MODULE_OF = {file: name for name, file in FILE_OF.items()}
@@ -204,7 +241,6 @@ DOC = ARCHITECTURE.read_text()
 
 def test_the_architecture_page_names_every_library_module() -> None:
     assert len(LIBRARY) > 40
-    assert "ws_mode.toolkit.check.live" not in LIBRARY
     assert "ws_mode.testing._check" in LIBRARY
     problems = missing_from(DOC) + unknown_in(DOC)
     assert not problems, "\n".join(problems)
@@ -217,27 +253,15 @@ def test_the_architecture_page_states_the_direction_of_imports() -> None:
 
 
 def test_the_architecture_checks_catch_a_page_that_lies() -> None:
-    row = next(line for line in DOC.splitlines() if line.startswith("| `tap.py`"))
+    row = next(line for line in DOC.splitlines() if line.startswith("| `_tap.py`"))
     assert missing_from(DOC.replace(row + "\n", "")) == [
-        "tap.py is missing from docs/architecture.md's module tables"
+        "_tap.py is missing from docs/architecture.md's module tables"
     ]
-    assert unknown_in(DOC.replace("| `tap.py`", "| `tapped.py`")) == [
-        "docs/architecture.md names tapped.py, which is no library module"
+    assert unknown_in(DOC.replace("| `_tap.py`", "| `_tapped.py`")) == [
+        "docs/architecture.md names _tapped.py, which is no library module"
     ]
-    # events.py imports tap.py: listing them the other way round breaks the order.
-    swapped = DOC.replace("- `tap.py`, `turn.py`", "- `turn.py`\n- `events.py`")
-    swapped = swapped.replace("- `events.py`, `settings.py`", "- `tap.py`, `settings.py`")
-    assert "events.py imports tap.py, listed on a line below" in against_the_order(swapped)
-
-
-def test_the_library_imports_the_toolkit_only_where_the_page_says() -> None:
-    borrowed = {
-        name: {target for target in GRAPH[name] if not in_library(target)} for name in LIBRARY
-    }
-    assert {name: found for name, found in borrowed.items() if found} == BORROWED, (
-        "the library's imports of the toolkit are not BORROWED, which the page states"
+    # _events.py imports _tap.py: moving _tap.py to the top layer breaks the order.
+    moved = re.sub(r"`_tap\.py`, |, `_tap\.py`", "", DOC, count=1).replace(
+        "- `__init__.py`", "- `_tap.py`, `__init__.py`", 1
     )
-    for name, targets in BORROWED.items():
-        for target in targets:
-            assert f"`{FILE_OF[name]}`" in DOC
-            assert f"`{FILE_OF[target]}`" in DOC
+    assert "_events.py imports _tap.py, listed on a line below" in against_the_order(moved)

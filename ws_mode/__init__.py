@@ -1,7 +1,13 @@
 """OpenAI's Responses API WebSocket mode for any HTTP Responses server, as ASGI middleware.
 
-from . import WebSocketModeMiddleware
+from ws_mode import WebSocketModeMiddleware
 app.add_middleware(WebSocketModeMiddleware)
+
+The names below are the library's public API (docs/api.md lists every argument). The modules
+whose names start with an underscore are internal: they may change in any release. The public
+modules besides this one are `ws_mode.proxy`, `ws_mode.testing`, `ws_mode.redis_store`,
+`ws_mode.server`, `ws_mode.prometheus` and `ws_mode.fastapi`; `ws_mode.toolkit` is the `ws-mode`
+command and its tools, built on the library and never imported by it.
 """
 
 from ._auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_token
@@ -9,6 +15,9 @@ from ._cache import CachedResponse
 from ._errors import ConfigError, WSModeError
 from ._limits import Limits
 from ._middleware import ResponseHook, WebSocketModeMiddleware, find_middlewares
+from ._settings import FullContext
+from ._stats import Stats
+from ._store import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
 from ._tokens import Renderer, Tokens
 from ._turn import Turn, turn
 
@@ -17,10 +26,16 @@ __all__ = [
     "Authenticator",
     "CachedResponse",
     "ConfigError",
+    "FullContext",
     "Limits",
+    "MemoryStore",
     "PrincipalKey",
+    "QuotaExceeded",
     "Renderer",
     "ResponseHook",
+    "ResponseStore",
+    "Stats",
+    "StoredResponse",
     "Tokens",
     "Turn",
     "WSModeError",

@@ -6,7 +6,8 @@ period from there. `Server` drains the middlewares first: running turns finish (
 `Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
 the store writes still under way land (each within its own timeout) before the process
 exits. It also drops uvicorn's spurious error line after the upgrades ws_mode refused
-(`ws_mode._logs.RefusalLineFilter`).
+(`RefusalLineFilter`, also exported here with `show_on_stderr` for programs that configure
+uvicorn's logging themselves).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Sequence
 import uvicorn
 
 from . import _logs as logs
+from ._logs import RefusalLineFilter, show_on_stderr
 from ._middleware import WebSocketModeMiddleware, find_middlewares
 
-__all__ = ["Server", "find_middlewares"]
+__all__ = ["RefusalLineFilter", "Server", "find_middlewares", "show_on_stderr"]
 
 
 class Server(uvicorn.Server):
