@@ -156,8 +156,17 @@ def test_every_public_name_is_exported_and_resolves(name: str) -> None:
 def test_the_public_surface_holds_what_a_middleware_user_imports() -> None:
     import ws_mode
 
-    for name in ("WebSocketModeMiddleware", "Limits", "Turn", "turn", "ConfigError",
-                 "MemoryStore", "ResponseStore", "Stats", "find_middlewares"):
+    for name in (
+        "WebSocketModeMiddleware",
+        "Limits",
+        "Turn",
+        "turn",
+        "ConfigError",
+        "MemoryStore",
+        "ResponseStore",
+        "Stats",
+        "find_middlewares",
+    ):
         assert name in ws_mode.__all__, name
 
 
@@ -181,12 +190,38 @@ LAYERS_MARK = "<!-- layers:"
 
 
 def table_modules(doc: str) -> list[str]:
-    """The files the doc's tables name in their first column (`cache.py`, `proxy/app.py`)."""
+    """The library files the doc's tables name in their first column (`_cache.py`,
+    `proxy/_app.py`); the toolkit's table is read by `toolkit_entries`."""
     return [
         file
         for line in doc.splitlines()
         if line.startswith("| `")
         for file in NAMED.findall(line.split("|")[1])
+        if not file.startswith("toolkit/")
+    ]
+
+
+TOOLKIT_ENTRY = re.compile(r"`(toolkit/[\w/]*(?:\.py|/))`")
+
+
+def toolkit_entries(doc: str) -> list[str]:
+    """What the doc's toolkit table names in its first column: files and folders."""
+    return [
+        entry
+        for line in doc.splitlines()
+        if line.startswith("| `toolkit/")
+        for entry in TOOLKIT_ENTRY.findall(line.split("|")[1])
+    ]
+
+
+def toolkit_missing_from(doc: str) -> list[str]:
+    """Toolkit modules the doc's toolkit table names neither as a file nor by their folder."""
+    entries = toolkit_entries(doc)
+    return [
+        f"{FILE_OF[name]} is missing from docs/architecture.md's toolkit table"
+        for name in MODULES
+        if not in_library(name) and name != TOOLKIT
+        if not any(FILE_OF[name] == e or FILE_OF[name].startswith(e) for e in entries)
     ]
 
 
@@ -244,6 +279,14 @@ def test_the_architecture_page_names_every_library_module() -> None:
     assert "ws_mode.testing._check" in LIBRARY
     problems = missing_from(DOC) + unknown_in(DOC)
     assert not problems, "\n".join(problems)
+
+
+def test_the_architecture_page_names_every_toolkit_module() -> None:
+    assert toolkit_missing_from(DOC) == []
+    row = next(line for line in DOC.splitlines() if line.startswith("| `toolkit/reference/`"))
+    assert "toolkit/reference/server.py is missing" in "\n".join(
+        toolkit_missing_from(DOC.replace(row, ""))
+    )
 
 
 def test_the_architecture_page_states_the_direction_of_imports() -> None:

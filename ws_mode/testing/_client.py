@@ -1,4 +1,6 @@
-"""The tools' WebSocket mode client: one thin wrapper over ``websockets``, sync and asyncio.
+"""The one WebSocket mode client: a thin wrapper over ``websockets``, sync and asyncio. The kit
+drives its programs with it, and the toolkit (the rollout, the load test, ``ws-mode check``)
+imports it from here.
 
 Both flavours build the socket URL the same way (:func:`socket_url`), decode every frame into an
 event object the same way (:func:`decode_event`, which the HTTP client uses for SSE data too), and

@@ -1,4 +1,5 @@
-"""The tools' one server runner: an ASGI app served on 127.0.0.1, on a socket bound first.
+"""The one server runner: an ASGI app served on 127.0.0.1, on a socket bound first. The kit
+serves the checked app with it; the toolkit and the test suite import it from here.
 
 Both flavours bind the listening socket (:func:`bind_loopback`: 127.0.0.1, a port the OS picks)
 before the server starts, so the port is known at once and never raced for:
