@@ -23,8 +23,7 @@ from ws_mode._auth import AuthenticationFailed, bearer_token
 from ws_mode._limits import Limits
 from ws_mode.testing._client import AsyncSocket, SocketClosed, connect_async
 from ws_mode.testing._loopback import ServerThread, ws_max_size
-from ws_mode.toolkit.check.live_probe import find_ceiling
-from ws_mode.toolkit.check.live_socket import LiveOptions, Target
+from ws_mode.toolkit.check import CheckOptions, Target, find_ceiling
 from ws_mode.toolkit.cli import main
 from ws_mode.toolkit.cli.check import parse_size, target_of
 from ws_mode.toolkit.cli.common import CommandError
@@ -219,7 +218,7 @@ def test_a_proxys_frame_limit_is_found(
 def test_a_limit_that_is_no_power_of_two_is_bracketed(serve: ServeProcess) -> None:
     limit = 200_000
     with relay(serve.origin, limit=limit) as proxied:
-        options = LiveOptions(timeout=10, min_probe_bytes=64 * KiB, max_probe_bytes=1024 * KiB)
+        options = CheckOptions(timeout=10, min_probe_bytes=64 * KiB, max_probe_bytes=1024 * KiB)
         passed, failed, probes = find_ceiling(Target(proxied, "/v1/responses"), options)
     assert passed is not None
     assert failed is not None

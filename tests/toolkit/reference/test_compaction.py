@@ -1,4 +1,4 @@
-"""Compaction in the reference server (`ws_mode.toolkit.reference.compaction`, `.compact`):
+"""Compaction in the reference server (`ws_mode.toolkit.reference.compaction`):
 ``POST /v1/responses/compact``, a compacted context read as the whole one, and
 ``context_management`` compacting a chain, over plain HTTP and behind the middleware on a real
 socket, whole history or resumed from the cached Turn."""

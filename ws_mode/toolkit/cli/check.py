@@ -1,6 +1,6 @@
 """``ws-mode check URL``: does this endpoint speak WebSocket mode, and what cuts it?
 
-Points the checks of :mod:`ws_mode.toolkit.check.live` at any live endpoint (ours or anyone's,
+Points the checks of :mod:`ws_mode.toolkit.check` at any live endpoint (ours or anyone's,
 local or behind proxies and load balancers) and prints one row a check (``ok``, ``FAILED`` or
 ``skipped``), then for each failure what to change in the server, the proxy or the balancer.
 Exits 1 when a check fails, so a deployment can run it in CI; ``--json FILE`` writes the
@@ -140,14 +140,13 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 
 def run_check(args: argparse.Namespace) -> int:
     """Run ``ws-mode check``: 0 when every check passed (or was skipped), 1 otherwise."""
-    from ..check.live import run_live_checks
-    from ..check.live_report import CheckResult, format_report, report_json
-    from ..check.live_socket import LiveOptions, Target
+    # Imported here: the checks need websockets, which the rest of the command line does not.
+    from ..check import CheckOptions, CheckResult, Target, format_report, report_json, run_checks
 
     base, path = target_of(args.url)
     if args.max_probe_bytes and args.min_probe_bytes > args.max_probe_bytes:
         raise CommandError("--min-probe-bytes is larger than --max-probe-bytes")
-    options = LiveOptions(
+    options = CheckOptions(
         headers=_headers(args),
         model=args.model,
         timeout=args.timeout,
@@ -164,7 +163,7 @@ def run_check(args: argparse.Namespace) -> int:
         if interactive:
             print(f"  {result.name}: {result.status}", file=sys.stderr, flush=True)
 
-    report = run_live_checks(target, options, progress)
+    report = run_checks(target, options, progress)
     print("\n".join(format_report(report)), flush=True)
     if args.json is not None:
         try:

@@ -1,5 +1,5 @@
-"""Compaction in the reference server: the ``compaction`` item and how a context holding one
-is read.
+"""Compaction in the reference server: the ``compaction`` item, how a context holding one is
+read, and the answer to ``POST /v1/responses/compact``.
 
 A compaction item stands for the whole context before it. OpenAI's ``encrypted_content`` is
 opaque to clients; the reference keeps no state, so it carries what the scripted model needs of
@@ -9,10 +9,14 @@ item on (OpenAI: "the latest compaction item carries the necessary context"): th
 it are neither folded nor rendered, so a compacted context gives the model exactly the answer
 the full one gives, from fewer tokens.
 
-Two things make compaction items: ``POST /v1/responses/compact`` (the user messages of the
-input, then one compaction item: :func:`compacted_output`) and ``context_management`` on
-``POST /v1/responses`` (a compaction item first in the output once the input reaches the
-threshold).
+Two things make compaction items: ``POST /v1/responses/compact`` (OpenAI's
+``response.compaction`` object, :func:`compaction_response`: the user messages of the input,
+then one compaction item) and ``context_management`` on ``POST /v1/responses`` (a compaction
+item first in the output once the input reaches the threshold). The compact answer used as
+``input`` of a new response, without ``previous_response_id``, starts a new chain whose context
+the model reads exactly as the context that was compacted. The server keeps nothing: a
+``previous_response_id`` on a compact request never resolves
+(:func:`refuse_compact_request`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import secrets
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,8 +33,9 @@ from typing import Any, Final
 import orjson
 
 from ._json import canonical_json
-from .model import count_tool_calls, fold_items
-from .request import RequestError
+from .model import count_tool_calls, fold_items, output_tokens
+from .request import Parsed, RequestError
+from .response import usage
 
 __all__ = [
     "COMPACTION",
@@ -37,9 +44,11 @@ __all__ = [
     "advance",
     "compacted_output",
     "compaction_item",
+    "compaction_response",
     "decode",
     "last_compaction",
     "open_calls",
+    "refuse_compact_request",
 ]
 
 COMPACTION: Final = "compaction"
@@ -175,3 +184,37 @@ def compacted_output(items: Sequence[dict[str, Any]], folded: Folded) -> list[di
     ``folded``): every user message of it, then one compaction item standing for all of it."""
     users = [_user_message(item) for item in items if _is_user_message(item)]
     return [*users, compaction_item(folded)]
+
+
+def refuse_compact_request(parsed: Parsed) -> None:
+    """Raise :class:`RequestError` for a compact request OpenAI refuses before its context is
+    read: no ``model``, or a ``previous_response_id`` (the server keeps nothing, and it never
+    resolves one over plain HTTP)."""
+    if parsed.body.get("model") is None:
+        raise RequestError(
+            "Missing required parameter: 'model'.",
+            code="missing_required_parameter",
+            param="model",
+        )
+    if parsed.previous_response_id is not None:
+        raise RequestError(
+            f"Previous response with id '{parsed.previous_response_id}' not found.",
+            code="previous_response_not_found",
+            param="previous_response_id",
+        )
+
+
+def compaction_response(
+    items: Sequence[dict[str, Any]], folded: Folded, input_tokens: int
+) -> dict[str, Any]:
+    """OpenAI's ``response.compaction`` object for a context (``items``, whose values are
+    ``folded`` and which reads as ``input_tokens`` tokens): :func:`compacted_output`, a new id
+    and the usage."""
+    output = compacted_output(items, folded)
+    return {
+        "id": f"resp_{secrets.token_hex(16)}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": usage(input_tokens, output_tokens(output[-1])),
+    }

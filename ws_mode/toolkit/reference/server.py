@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
@@ -29,8 +29,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import context as _context
-from .compact import compact
-from .compaction import compaction_item
+from .compaction import compaction_item, compaction_response, refuse_compact_request
 from .model import ReferenceConfig, output_tokens, script_from_state
 from .request import Parsed, RequestError, parse
 from .response import MIN_SLEEP, response_object, sse, usage
@@ -74,7 +73,7 @@ def create_app(config: ReferenceConfig | None = None, *, path: str = "/v1/respon
         raw = await request.body()
         clock = time.thread_time()
         try:
-            compacted = compact(raw, stats, tokenizer)
+            compacted = _compact(raw, stats, tokenizer)
         except RequestError as error:
             return error.response()
         finally:
@@ -156,6 +155,20 @@ def _respond(
     delay = config.time_to_first_token + (produced / rate if rate else 0.0)
     completed["completed_at"] = int(time.time() + delay)
     return Response(orjson.dumps(completed), media_type="application/json"), delay
+
+
+def _compact(raw: bytes, stats: ReferenceStats, tokenizer: ReferenceTokenizer) -> dict[str, Any]:
+    """The ``response.compaction`` object for a compact request body, its whole context read
+    (:mod:`ws_mode.toolkit.reference.compaction`); raises :class:`RequestError` for one OpenAI
+    refuses (no ``model``, bad items, an unknown ``previous_response_id``)."""
+    # Read here rather than in compaction: reading a context (context.py) builds on compaction.
+    stats.bytes_parsed += len(raw)
+    parsed = parse(raw)
+    refuse_compact_request(parsed)
+    context = _context.stateless(parsed.input, parsed.instructions, tokenizer)
+    stats.items_seen += context.items_seen
+    stats.tokens_rendered += context.tokens_rendered
+    return compaction_response(parsed.input, context.folded, context.input_tokens)
 
 
 def _lookup_turn(request: Request) -> Turn | None:
