@@ -36,8 +36,9 @@ import ws_mode.redis_store
 import ws_mode.server
 import ws_mode.testing
 from ws_mode import Limits, WebSocketModeMiddleware
-from ws_mode._stats import METRICS, Stats
-from ws_mode._store import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
+from ws_mode import Stats
+from ws_mode._stats import METRICS
+from ws_mode import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
 from ws_mode.testing import (
     CheckOptions,
     CompatibilityCheck,
@@ -96,7 +97,7 @@ REQUIRED_CALLS = (
     "ws_mode.find_middlewares",
     "ws_mode.bearer_token",
     "ws_mode.AuthenticationFailed",
-    "ws_mode._store.MemoryStore",
+    "ws_mode.MemoryStore",
     "ws_mode.redis_store.RedisStore",
     "ws_mode.redis_store.RedisStore.from_client",
     "ws_mode.server.Server",
