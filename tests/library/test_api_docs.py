@@ -35,10 +35,16 @@ import ws_mode.proxy
 import ws_mode.redis_store
 import ws_mode.server
 import ws_mode.testing
-from ws_mode import Limits, WebSocketModeMiddleware
-from ws_mode import Stats
+from ws_mode import (
+    Limits,
+    MemoryStore,
+    QuotaExceeded,
+    ResponseStore,
+    Stats,
+    StoredResponse,
+    WebSocketModeMiddleware,
+)
 from ws_mode._stats import METRICS
-from ws_mode import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
 from ws_mode.testing import (
     CheckOptions,
     CompatibilityCheck,
