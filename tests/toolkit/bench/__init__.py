@@ -1,1 +1,2 @@
-"""Tests of `ws-mode bench` and the load test (`ws_mode.toolkit.bench`)."""
+"""Tests of `ws_mode.toolkit.bench` (`ws-mode bench`, the load test, the store benchmark), a
+file per module."""

@@ -2,7 +2,7 @@
 big ones (1,000 sockets against HTTP; 300 with large tool outputs) with `--run-slow`. On both sides
 (the sockets, and the same conversations over plain HTTP) every turn must be right and nothing
 may fail; the server's peak RSS under the sockets must stay under the bound the cache limits
-give (`ws_mode.toolkit.bench.load_options.rss_bound`). No timing is asserted: the ratios are only
+give (`ws_mode.toolkit.bench.load.rss_bound`). No timing is asserted: the ratios are only
 reported."""
 
 from __future__ import annotations
@@ -19,20 +19,25 @@ from pathlib import Path
 import pytest
 
 from ws_mode import _cache as cache
-from ws_mode.toolkit.bench import load_clients
-from ws_mode.toolkit.bench.load import run, server_process
-from ws_mode.toolkit.bench.load_clients import reference_chains
-from ws_mode.toolkit.bench.load_http import history_bodies
-from ws_mode.toolkit.bench.load_options import (
+from ws_mode.toolkit.bench import load as load_test
+from ws_mode.toolkit.bench.load import (
     CACHE_OVERHEAD_FACTOR,
     PER_CONNECTION_BYTES,
+    RATIOS,
     SLACK_BYTES,
+    Load,
     LoadError,
     LoadOptions,
+    LoadReport,
+    Probe,
+    SideReport,
+    history_bodies,
+    reference_chains,
     rss_bound,
+    run,
+    run_side,
+    server_process,
 )
-from ws_mode.toolkit.bench.load_report import RATIOS, LoadReport, SideReport
-from ws_mode.toolkit.bench.load_sides import Load, Probe, run_side
 from ws_mode.toolkit.http_client import HttpClient
 
 
@@ -225,4 +230,4 @@ def test_the_bound_grows_with_sockets_and_cache_not_with_turns() -> None:
 
 
 def test_the_expected_cache_bytes_use_the_caches_own_node_overhead() -> None:
-    assert load_clients.NODE_OVERHEAD is cache.NODE_OVERHEAD
+    assert load_test.NODE_OVERHEAD is cache.NODE_OVERHEAD

@@ -1,10 +1,11 @@
 """The bench's hold on the processes it measures: start them, read them, put a link in front.
 
-:func:`server_process` runs a measured server (:mod:`ws_mode.toolkit.bench.server`, or another
-module serving the same stats and profile routes, like :mod:`ws_mode.toolkit.bench.proxy_server`) in
-a child process; :class:`ServerControl` calls those routes; :func:`process_cpu` reads a child's CPU
-time from outside, at no cost to it; :func:`linked` puts the ``--link`` relay
-(:func:`ws_mode.toolkit.link.link_process`) in front of a server, or nothing.
+:func:`server_process` runs a measured server (:mod:`ws_mode.toolkit.bench.server`) and
+:func:`measured_process` any module serving the same stats and profile routes (the proxy of
+:mod:`ws_mode.toolkit.bench.proxy`) in a child process; :class:`ServerControl` calls those
+routes; :func:`process_cpu` reads a child's CPU time from outside, at no cost to it;
+:func:`linked` puts the ``--link`` relay (:func:`ws_mode.toolkit.link.link_process`) in front of
+a server, or nothing.
 """
 
 from __future__ import annotations

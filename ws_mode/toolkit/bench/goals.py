@@ -2,8 +2,9 @@
 
 The default report prints measurements and ratios; ``ws-mode bench --check`` also compares
 them with the goals below (docs/benchmarks.md says why each is set where it is) and exits
-non-zero when one is not met: :func:`measured_goals` measures each :class:`Goal`,
-:func:`goal_lines` prints them.
+non-zero when one is not met: :func:`measured_goals` measures each :class:`Goal` of the rollout
+comparison (:mod:`ws_mode.toolkit.bench.rollout`), :func:`proxy_goals` those of ``--proxy``
+(:mod:`ws_mode.toolkit.bench.proxy`), :func:`goal_lines` prints them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING, Final
 from ..measure import format_seconds
 from .forward import ForwardResult
 from .options import MODES
-from .run import BenchReport, ModeSummary
 
 if TYPE_CHECKING:
+    # The reports import these goals to print them: their types only, no import cycle.
     from .proxy import ProxyReport
+    from .rollout import BenchReport, ModeSummary
 
 __all__ = [
     "GOAL_CACHE_AWARE",

@@ -2,9 +2,10 @@
 
 :class:`BenchOptions` is the scenario and the method (the command's flags,
 :func:`configure_parser` and :func:`options_from_args`); :data:`MODES` the three ways of
-running the rollout against the reference server (``--proxy`` and ``--url`` compare others:
-:mod:`ws_mode.toolkit.bench.proxy`, :mod:`ws_mode.toolkit.bench.url`); :class:`BenchError` the
-one-line failure every bench module raises.
+running the rollout against the reference server (:mod:`ws_mode.toolkit.bench.rollout`;
+``--proxy`` and ``--url`` compare others: :mod:`ws_mode.toolkit.bench.proxy`,
+:mod:`ws_mode.toolkit.bench.url`); :class:`BenchError` the one-line failure every ``ws-mode
+bench`` module raises.
 """
 
 from __future__ import annotations

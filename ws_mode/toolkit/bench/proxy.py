@@ -1,8 +1,7 @@
 """``ws-mode bench --proxy``: what ``ws-mode proxy`` costs, against HTTP straight to its upstream.
 
 :func:`run_proxy_bench` starts the upstream (the reference server,
-:mod:`ws_mode.toolkit.bench.server`, plain HTTP) and the proxy in front of it
-(:mod:`ws_mode.toolkit.bench.proxy_server`, run the way ``ws-mode proxy`` runs it), each in its own
+:mod:`ws_mode.toolkit.bench.server`, plain HTTP) and the proxy in front of it, each in its own
 process, with ``--link`` one relay in front of each (:func:`~ws_mode.toolkit.bench.control.linked`:
 the client is remote, the proxy sits next to its upstream). It runs the rollout in the
 :data:`PROXY_MODES`, interleaved and repeated after a warm-up: HTTP with the full history straight
@@ -11,24 +10,64 @@ and HTTP through the proxy.
 
 Besides the rollout's times it reads the proxy process's CPU time before and after every turn
 (:func:`~ws_mode.toolkit.bench.control.process_cpu`, from outside: no request to the proxy between
-turns) and its peak RSS; :class:`ProxyReport` holds the medians.
+turns) and its peak RSS; :class:`ProxyReport` holds the medians. :func:`format_proxy_report`
+prints it: per model speed, each mode's rollout (end-to-end, early and late turn, the turn at
+100 KB of history, bytes sent, against direct HTTP), then the proxy's own cost (CPU per rollout
+and per turn, what it adds to each turn against direct HTTP, its peak RSS); with ``--check`` the
+goals (:func:`~ws_mode.toolkit.bench.goals.proxy_goals`). :func:`proxy_report_json` is what
+``--json`` writes.
+
+The proxy's process is this same module, ``python -m ws_mode.toolkit.bench.proxy --serve
+--upstream URL --speeds N --fd N`` (through
+:func:`~ws_mode.toolkit.bench.control.measured_process`, :func:`serve`). It serves what
+``ws-mode proxy`` serves (:mod:`ws_mode.toolkit.cli.proxy`): :func:`ws_mode.proxy.create_proxy`
+behind :class:`~ws_mode.WebSocketModeMiddleware` (``full_context="always"``, cache misses
+answered with an error, default limits), with uvicorn's lifespan on so the proxy's HTTP client
+opens on startup (:func:`build_proxy_app`). The upstream is given by its origin, so client paths
+go upstream unchanged: for each model speed ``i``, WebSocket mode and HTTP at
+``/s{i}/v1/responses`` (:func:`~ws_mode.toolkit.bench.server.mode_path`), forwarded to the same
+path upstream. Unlike ``ws-mode proxy`` it logs no access line per request (uvicorn's log level
+is warning), and it also serves the bench's stats and profile routes
+(:func:`~ws_mode.toolkit.bench.server.control_routes`: the process's CPU time and peak RSS,
+cProfile).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
+import json
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from ..measure import median, median_present
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from ws_mode._limits import Limits
+from ws_mode._middleware import WebSocketModeMiddleware
+from ws_mode.testing._loopback import add_child_arguments, serve_inherited, ws_max_size
+
+from ..measure import format_bytes, format_seconds, median, median_present
 from .control import ServerControl, linked, measured_process, process_cpu, server_process
+from .goals import goal_lines, proxy_goals
 from .options import BenchError, BenchOptions, Mode, speed_key, speed_label
-from .run import WINDOW, ModeSummary, Sample, rotated, summarize, windows
-from .server import ServerSpec, mode_path
+from .rollout import (
+    WINDOW,
+    ModeSummary,
+    Sample,
+    format_ratio,
+    rotated,
+    summarize,
+    table,
+    windows,
+)
+from .server import Dispatch, ServerSpec, control_routes, mode_path, process_stats
 
 if TYPE_CHECKING:
     from ..rollout import RolloutResult
@@ -39,7 +78,13 @@ __all__ = [
     "ProxyReport",
     "ProxySample",
     "ProxySummary",
+    "build_proxy_app",
+    "format_proxy_report",
+    "history_mark",
+    "proxy_report_json",
     "run_proxy_bench",
+    "save_proxy",
+    "serve",
 ]
 
 PROXY_MODES: Final = (
@@ -115,13 +160,69 @@ class ProxyReport:
 
 def history_mark(history: Sequence[float]) -> tuple[slice, int | None]:
     """The turns "at 100 KB": from the first whose body reaches :data:`HISTORY_MARK`, up to
-    :data:`~ws_mode.toolkit.bench.run.WINDOW` tool-call turns (the last turn, the answer, left out);
-    the late window when no tool-call turn reaches it. And that first turn, from 1."""
+    :data:`~ws_mode.toolkit.bench.rollout.WINDOW` tool-call turns (the last turn, the answer, left
+    out); the late window when no tool-call turn reaches it. And that first turn, from 1."""
     first = next((i for i, size in enumerate(history) if size >= HISTORY_MARK), None)
     last = len(history) - 1
     if first is None or first >= last:
         return windows(len(history))[1], None if first is None else first + 1
     return slice(first, min(first + WINDOW, last)), first + 1
+
+
+# ----------------------------------------------------------------------------- the proxy's process
+
+
+def build_proxy_app(upstream: str, speeds: int) -> ASGIApp:
+    """The proxy in front of ``upstream`` (an origin), with WebSocket mode at the path of each
+    of ``speeds`` model speeds, and the bench's stats and profile routes under ``/bench/``."""
+    from ws_mode.proxy import create_proxy
+
+    limits = Limits()
+    app: ASGIApp = create_proxy(upstream)
+    for index in range(speeds):
+        path = mode_path(index, "http")
+        app = WebSocketModeMiddleware(
+            app,
+            path=path,
+            handler_path=path,
+            full_context="always",
+            on_cache_miss="error",
+            limits=limits,
+        )
+
+    def stats() -> dict[str, Any]:
+        return {"references": [], **process_stats()}
+
+    tools = Starlette(routes=control_routes(stats, lambda: None))
+    return Dispatch([("/bench/", tools)], app)
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """The proxy's process: ``python -m ws_mode.toolkit.bench.proxy --serve --upstream URL
+    --speeds N --fd N`` (started by :func:`run_proxy_bench`) serves :func:`build_proxy_app` on the
+    parent's socket."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ws_mode.toolkit.bench.proxy",
+        description="The proxy ws-mode bench --proxy measures, in its own process; "
+        "ws-mode bench --proxy starts it.",
+    )
+    parser.add_argument("--serve", action="store_true", required=True, help="serve the proxy")
+    parser.add_argument("--upstream", required=True, help="the upstream's origin")
+    parser.add_argument("--speeds", type=int, default=1, help="model speeds the upstream serves")
+    add_child_arguments(parser)
+    args = parser.parse_args(argv)
+    serve_inherited(
+        build_proxy_app(args.upstream, args.speeds),
+        args,
+        lifespan="on",
+        access_log=False,
+        ws_max_size=ws_max_size(),
+        timeout_graceful_shutdown=2,
+    )
+    return 0
+
+
+# ----------------------------------------------------------------------------- the run
 
 
 def _turn_cpu(readings: Sequence[float | None]) -> list[float]:
@@ -243,9 +344,9 @@ def run_proxy_bench(
     profiles: list[str] = []
     with contextlib.ExitStack() as stack:
         upstream_url = stack.enter_context(server_process(spec))
-        arguments = ["--upstream", upstream_url, "--speeds", str(len(options.speeds))]
+        arguments = ["--serve", "--upstream", upstream_url, "--speeds", str(len(options.speeds))]
         proxy = stack.enter_context(
-            measured_process("ws_mode.toolkit.bench.proxy_server", arguments, "the proxy")
+            measured_process("ws_mode.toolkit.bench.proxy", arguments, "the proxy")
         )
         urls = {
             "direct": stack.enter_context(linked(link, upstream_url)),
@@ -320,3 +421,157 @@ def _report(
         seconds=time.perf_counter() - started,
         profiles=profiles,
     )
+
+
+# ----------------------------------------------------------------------------- the report as text
+
+
+def _turns(window: slice) -> str:
+    first, last = window.start + 1, window.stop
+    return f"turn {first}" if first == last else f"turns {first}-{last}"
+
+
+def _mark_line(report: ProxyReport) -> str:
+    window = _turns(report.mark)
+    size = format_bytes(report.history[report.mark.start])
+    if report.mark_turn is None:
+        return (
+            f"History: no turn's full-history body reaches {HISTORY_MARK:,} bytes (the largest: "
+            f"{format_bytes(max(report.history))}); 'at 100 KB' is the late window, {window}, "
+            f"from {size}: make --turns or --tool-output-bytes larger"
+        )
+    if report.mark.start + 1 != report.mark_turn:
+        return (
+            f"History: the full-history body passes {HISTORY_MARK:,} bytes at turn "
+            f"{report.mark_turn}, the answer; 'at 100 KB' is the late window, {window}, from "
+            f"{size}: make --turns larger"
+        )
+    return (
+        f"History: the full-history body passes {HISTORY_MARK:,} bytes at turn "
+        f"{report.mark_turn} ({size}); 'at 100 KB' is the median of {window}."
+    )
+
+
+def _rollout_table(report: ProxyReport, rows: list[ProxySummary]) -> list[str]:
+    direct = rows[0].row
+    cells = [
+        [
+            summary.row.label,
+            format_seconds(summary.row.end_to_end),
+            format_ratio(summary.row.end_to_end, direct.end_to_end),
+            format_seconds(summary.row.early),
+            format_seconds(summary.row.late),
+            format_seconds(median(summary.row.turn_curve[report.mark])),
+            format_bytes(summary.row.bytes_sent),
+            format_ratio(summary.row.bytes_sent, direct.bytes_sent, 3),
+            format_seconds(summary.row.server_cpu),
+        ]
+        for summary in rows
+    ]
+    headers = ["mode", "end-to-end", "/direct", "early turn", "late turn", "at 100 KB"]
+    return table([*headers, "sent", "/direct", "upstream CPU"], cells)
+
+
+def _proxy_table(report: ProxyReport, speed: float, rows: list[ProxySummary]) -> list[str]:
+    cells = []
+    for summary in rows[1:]:
+        early, late, mark = report.added(speed, summary.row.mode)
+        turns = summary.row.turn_curve
+        cells.append(
+            [
+                summary.row.label,
+                format_seconds(summary.proxy_cpu),
+                format_seconds(summary.proxy_cpu / len(turns) if turns else None),
+                format_seconds(summary.proxy_cpu_early),
+                format_seconds(summary.proxy_cpu_mark),
+                format_seconds(early),
+                format_seconds(late),
+                format_seconds(mark),
+                format_bytes(summary.proxy_peak_rss),
+            ]
+        )
+    headers = ["mode", "proxy CPU", "per turn", "early turn", "at 100 KB"]
+    return table([*headers, "added early", "added late", "at 100 KB", "proxy peak RSS"], cells)
+
+
+def format_proxy_report(report: ProxyReport) -> list[str]:
+    """The report as lines of text; with ``options.check``, the goals."""
+    options = report.options
+    early, late = windows(options.turns)
+    lines = [
+        f"ws-mode bench --proxy: an agent rollout of {options.turns} turns "
+        f"({options.turns - 1} tool calls, {format_bytes(options.tool_output_bytes)} per tool "
+        "output), one at a time, against the reference server (plain HTTP) and ws-mode proxy "
+        "in front of it (full_context=always), each in its own process; median of "
+        f"{options.repeat} repetitions, modes interleaved (order rotated); {os.cpu_count()} "
+        "CPUs.",
+        "Modes: HTTP direct (the whole history each turn, straight to the upstream), WS via "
+        "proxy (only the new items; the proxy sends the upstream the whole history), HTTP via "
+        "proxy (the whole history, through the proxy).",
+        f"Early / late turn: median of turns {early.start + 1}-{early.stop} / "
+        f"{late.start + 1}-{late.stop} (send to terminal event). Proxy CPU: the proxy "
+        "process's CPU time, read from outside after every turn; added: the mode's turn time "
+        "minus direct HTTP's, turn by turn.",
+        _mark_line(report),
+    ]
+    if report.link is not None:
+        lines.append(
+            f"Link: the client reaches the upstream and the proxy each through a relay "
+            f"modelling {report.link}; the proxy reaches its upstream on loopback."
+        )
+    for speed, rows in report.summaries.items():
+        lines += [
+            "",
+            speed_label(speed, options.time_to_first_token),
+            *_rollout_table(report, rows),
+            "",
+            "  The proxy's own cost (per rollout, per turn; added: against direct HTTP):",
+            *_proxy_table(report, speed, rows),
+        ]
+    if options.check:
+        lines += ["", *goal_lines(proxy_goals(report))]
+    if report.profiles:
+        lines += ["", "Profiles (cProfile; times are inflated by profiling):"]
+        lines += [f"  {path}" for path in report.profiles]
+    lines.append(f"({report.seconds:.0f} s)")
+    return lines
+
+
+# ----------------------------------------------------------------------------- the report as JSON
+
+
+def proxy_report_json(report: ProxyReport) -> dict[str, Any]:
+    """The report as plain JSON (with ``options.check``, the goals)."""
+    data: dict[str, Any] = {
+        "options": report.options.public(),
+        "link": report.link,
+        "seconds": report.seconds,
+        "history": report.history,
+        "mark_turn": report.mark_turn,
+        "mark_turns": [report.mark.start + 1, report.mark.stop],
+        "summaries": {
+            speed_key(speed): [
+                {
+                    **asdict(summary),
+                    "added": report.added(speed, summary.row.mode),
+                }
+                for summary in rows
+            ]
+            for speed, rows in report.summaries.items()
+        },
+        "profiles": report.profiles,
+    }
+    if report.options.check:
+        data["goals"] = [{**asdict(goal), "met": goal.met} for goal in proxy_goals(report)]
+    return data
+
+
+def save_proxy(report: ProxyReport) -> None:
+    """Write the JSON ``options.json`` asks for."""
+    if report.options.json is not None:
+        text = json.dumps(proxy_report_json(report), indent=2)
+        Path(report.options.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

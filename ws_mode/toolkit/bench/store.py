@@ -1,10 +1,17 @@
-"""What the Redis store costs, measured: per-turn overhead, hydration, and throughput.
+"""The store benchmark: what the Redis store costs WebSocket mode, per turn, per hydration and in
+throughput.
 
-``python -m ws_mode.toolkit.bench.store --redis redis://127.0.0.1:6379/0`` starts the reference
-server behind two middlewares in a subprocess on loopback
-(:mod:`ws_mode.toolkit.bench.store_server`): one without a store, one with a
-:class:`~ws_mode.redis_store.RedisStore` on ``--redis`` (keys under a prefix of their own, deleted
-at the end). Interleaved in one run, it measures:
+``python -m ws_mode.toolkit.bench.store --redis redis://127.0.0.1:6379/0`` starts the bench server
+in a subprocess on loopback: this same module, run as ``python -m ws_mode.toolkit.bench.store
+--serve --redis URL --prefix P --fd N`` through :func:`ws_mode.testing._loopback.server_process`,
+which binds the loopback socket and passes it down (:func:`build_store_app`, :func:`serve`). It
+serves the reference server behind two middlewares: one without a store at
+``/off/v1/responses``, one with a :class:`~ws_mode.redis_store.RedisStore` on ``--redis`` (keys
+under a prefix of their own, deleted at the end) at ``/on/v1/responses``, both cache-aware
+(``--full-context on_miss``, the reference's renderer: the cheapest turns, where the store's share
+is largest) or both drop-in (``always``); plain HTTP ``POST /v1/responses`` goes through both to
+the reference app; ``GET /bench/stats`` answers both middlewares' counters and the process's CPU
+time. Interleaved in one run, it measures:
 
 - **per turn**: a tool-call rollout (:func:`ws_mode.toolkit.rollout.run_socket`) at zero model
   cost, with the store and without, order alternated each repetition: each turn's wall time
@@ -15,8 +22,10 @@ at the end). Interleaved in one run, it measures:
 - **throughput**: ``--sockets`` sockets open at once, each running ``--socket-turns`` turns
   concurrently, with the store and without: turns per second.
 
-It prints what it measured and the ratios; the project's goals for them are in
-docs/benchmarks.md. Needs the ``cli`` and ``redis`` extras.
+:class:`StoreBenchOptions` says what to measure; :class:`StoreBenchReport` holds what was
+measured, the ratios (:meth:`StoreBenchReport.ratios`) and the store's counters against what the
+run expects of them, and prints as text or JSON: measurements and ratios only (the project's goals
+for them are in docs/benchmarks.md). Needs the ``cli`` and ``redis`` extras.
 """
 
 from __future__ import annotations
@@ -29,14 +38,24 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
 
 import httpx
+import orjson
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.exceptions import InvalidHandshake
 
+from ws_mode._middleware import FullContext
 from ws_mode.testing._client import AsyncSocket, SyncSocket, connect, connect_async
-from ws_mode.testing._loopback import ServerStartError, server_process
+from ws_mode.testing._loopback import (
+    ServerStartError,
+    add_child_arguments,
+    serve_inherited,
+    server_process,
+    ws_max_size,
+)
 
 from ..agent import (
     DEFAULT_INSTRUCTIONS,
@@ -49,14 +68,143 @@ from ..agent import (
     user_message,
 )
 from ..http_client import HttpClient, HttpStatusError
-from ..measure import median
+from ..measure import format_bytes, format_seconds, median
 from ..reference.request import OVERRIDE_KEY
 from ..rollout import run_socket
-from .load_server import raise_file_limit
-from .store_report import StoreBenchError, StoreBenchOptions, StoreBenchReport
-from .store_server import BACKLOG, PATHS, STATS_PATH
+from .load import raise_file_limit
 
-__all__ = ["StoreBenchError", "StoreBenchOptions", "StoreBenchReport", "main", "run"]
+__all__ = [
+    "API_PATH",
+    "BACKLOG",
+    "PATHS",
+    "STATS_PATH",
+    "StoreBenchError",
+    "StoreBenchOptions",
+    "StoreBenchReport",
+    "build_store_app",
+    "main",
+    "run",
+    "serve",
+]
+
+
+# ----------------------------------------------------------------------------- the options
+
+
+MIDDLEWARES: Final = {
+    "always": "drop-in (full_context=always)",
+    "on_miss": "cache-aware (full_context=on_miss, the reference's renderer)",
+}
+
+
+class StoreBenchError(Exception):
+    """The run could not measure: the server did not start, a turn failed, answers differed."""
+
+
+@dataclass(frozen=True)
+class StoreBenchOptions:
+    """What to measure (see the module's docstring)."""
+
+    redis_url: str
+    turns: int = 25
+    tool_output_bytes: int = 4096
+    repeat: int = 5
+    chain_turns: int = 50
+    sockets: int = 200
+    socket_turns: int = 5
+    full_context: str = "on_miss"
+    store_timeout: float = 2.0
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("turns", "repeat", "chain_turns", "sockets", "socket_turns"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.store_timeout <= 0:
+            raise ValueError("store_timeout must be > 0")
+        if self.full_context not in ("always", "on_miss"):
+            raise ValueError(f"full_context must be always or on_miss, got {self.full_context!r}")
+        if self.turns < 2:
+            raise ValueError("turns must be >= 2 (a rollout continues a response)")
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+API_PATH: Final = "/v1/responses"
+#: The socket path of each mode: without a store, with the Redis store.
+PATHS: Final = {"off": "/off/v1/responses", "on": "/on/v1/responses"}
+STATS_PATH: Final = "/bench/stats"
+#: The bench's records live this long in Redis if the run could not delete them.
+TTL_SECONDS: Final = 3600.0
+#: The listening socket's backlog: every socket of the throughput run connects at once.
+BACKLOG: Final = 4096
+
+
+def build_store_app(
+    redis_url: str,
+    prefix: str,
+    full_context: FullContext = "on_miss",
+    timeout: float = 1.0,
+) -> ASGIApp:
+    """The reference app behind a middleware without a store and one with a RedisStore on
+    ``redis_url`` (keys under ``prefix``, each call bounded by ``timeout``), both drop-in
+    (``always``) or both cache-aware (``on_miss``, with the reference's renderer), and the
+    stats route."""
+    from ws_mode._middleware import WebSocketModeMiddleware
+    from ws_mode.redis_store import RedisStore
+
+    from ..reference import ReferenceConfig, create_app, render_items
+
+    # The tool calls come with each request (the reference's metadata override).
+    reference = create_app(ReferenceConfig(tool_calls=0), path=API_PATH)
+    store = RedisStore(redis_url, prefix=prefix, ttl_seconds=TTL_SECONDS, timeout=timeout)
+    shared: dict[str, Any] = {"handler_path": API_PATH, "full_context": full_context}
+    if full_context == "on_miss":
+        shared["renderer"] = render_items
+    # One tenant (the bench): the store's cost does not depend on whose scope a record is in.
+    on = WebSocketModeMiddleware(
+        reference, path=PATHS["on"], store=store, shared_store=True, **shared
+    )
+    off = WebSocketModeMiddleware(on, path=PATHS["off"], **shared)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == STATS_PATH:
+            stats = {"on": on.stats.snapshot(), "off": off.stats.snapshot()}
+            body = orjson.dumps({**stats, "cpu_seconds": time.process_time()})  # NaN: null
+            answer = Response(body, media_type="application/json")
+            await answer(scope, receive, send)
+            return
+        await off(scope, receive, send)
+
+    return app
+
+
+def serve(argv: Sequence[str]) -> int:
+    """The bench server's process: ``python -m ws_mode.toolkit.bench.store --serve --redis URL
+    --prefix P --fd N`` (started by :func:`run`) serves :func:`build_store_app` on the parent's
+    socket."""
+    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.bench.store --serve")
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--redis", required=True, help="the Redis URL of the store")
+    parser.add_argument("--prefix", required=True, help="the store's key prefix")
+    parser.add_argument("--full-context", choices=("always", "on_miss"), default="on_miss")
+    parser.add_argument("--store-timeout", type=float, default=2.0, help="RedisStore(timeout=)")
+    add_child_arguments(parser)
+    args = parser.parse_args(argv)
+    # Warm what the first request would otherwise pay for: the tokenizer's training.
+    from ..reference import render_items
+
+    render_items([{"role": "user", "content": "warm up"}])
+    serve_inherited(
+        build_store_app(args.redis, args.prefix, args.full_context, args.store_timeout),
+        args,
+        access_log=False,
+        ws_max_size=ws_max_size(),
+        backlog=BACKLOG,
+        timeout_graceful_shutdown=2,
+    )
+    return 0
 
 
 # ----------------------------------------------------------------------------- the clients
@@ -238,6 +386,91 @@ def measure_throughput(
     report.turns_per_second = {mode: median(values) for mode, values in rates.items()}
 
 
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass
+class StoreBenchReport:
+    """What one run measured (times in seconds), and the store's counters."""
+
+    options: dict[str, Any]
+    prefix: str = ""  # the run's Redis keys' prefix
+    turn: dict[str, float] = field(default_factory=dict)  # per mode: median turn
+    rollout: dict[str, float] = field(default_factory=dict)  # per mode: median rollout
+    cpu_per_turn: dict[str, float] = field(default_factory=dict)  # per mode: server CPU
+    cached_turn: float = 0.0
+    hydrated_turn: float = 0.0
+    turns_per_second: dict[str, float] = field(default_factory=dict)  # per mode
+    concurrent_turns: dict[str, int] = field(default_factory=dict)  # per mode, every run
+    store: dict[str, int] = field(default_factory=dict)  # the store's counters
+    expected: dict[str, int] = field(default_factory=dict)  # what they should be
+    store_off: dict[str, int] = field(default_factory=dict)  # the storeless side's: zeros
+
+    @property
+    def ok(self) -> bool:
+        """Whether the store did what the run expects, and nothing without one."""
+        return self.store == self.expected and not any(self.store_off.values())
+
+    def ratios(self) -> dict[str, float]:
+        """With the store / without it (per turn, rollout, CPU, turns/s), and a hydrated turn
+        / the same turn from the cache."""
+
+        def ratio(values: dict[str, float]) -> float:
+            return values["on"] / values["off"] if values.get("off") else 0.0
+
+        return {
+            "turn": ratio(self.turn),
+            "rollout": ratio(self.rollout),
+            "cpu_per_turn": ratio(self.cpu_per_turn),
+            "turns_per_second": ratio(self.turns_per_second),
+            "hydration": self.hydrated_turn / self.cached_turn if self.cached_turn else 0.0,
+        }
+
+    def to_json(self) -> str:
+        """The report as JSON, the ratios included."""
+        return json.dumps({**asdict(self), "ratios": self.ratios()}, indent=2)
+
+    def text(self) -> str:
+        """The report as the command prints it."""
+        o, r, ms = self.options, self.ratios(), format_seconds
+        size = format_bytes(o["tool_output_bytes"])
+        rows = "\n".join(
+            f"  {label:<9}{ms(self.turn[mode]):>11}{ms(self.rollout[mode]):>11}"
+            f"{ms(self.cpu_per_turn[mode]):>18}"
+            for mode, label in (("off", "no store"), ("on", "Redis"))
+        )
+        return "\n".join(
+            [
+                f"ws_mode.toolkit.bench.store: the Redis store against no store, both middlewares "
+                f"{MIDDLEWARES[o['full_context']]}; server in its own process; medians of "
+                f"{o['repeat']} repetitions, interleaved.",
+                "",
+                f"Per turn: a tool-call rollout of {o['turns']} turns, {size} tool outputs, "
+                "the model at zero cost",
+                f"  {'store':<9}{'turn':>11}{'rollout':>11}{'server CPU/turn':>18}",
+                rows,
+                f"  {'ratio':<9}{r['turn']:>11.3f}{r['rollout']:>11.3f}{r['cpu_per_turn']:>18.3f}",
+                "",
+                f"Hydration: one turn continuing a {o['chain_turns']}-turn conversation "
+                "(send to terminal event)",
+                f"  on the connection holding it in cache   {ms(self.cached_turn):>9}",
+                f"  on a new socket, hydrated from Redis    {ms(self.hydrated_turn):>9}",
+                f"  ratio {r['hydration']:.3f} (hydrating adds "
+                f"{ms(self.hydrated_turn - self.cached_turn)})",
+                "",
+                f"Throughput: {o['sockets']} sockets at once, {o['socket_turns']} turns each",
+                f"  no store {self.turns_per_second['off']:,.0f} turns/s, Redis "
+                f"{self.turns_per_second['on']:,.0f} turns/s, ratio {r['turns_per_second']:.3f}",
+                "",
+                f"Store counters (RedisStore timeout {o['store_timeout']:g} s): "
+                + ", ".join(
+                    f"{name} {self.store.get(name, 0):,} (expected {self.expected[name]:,})"
+                    for name in ("store_writes", "store_hydrations", "store_failures")
+                ),
+            ]
+        )
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -256,13 +489,13 @@ def run(options: StoreBenchOptions) -> StoreBenchReport:
     raise_file_limit()
     prefix = f"ws_mode_bench_{secrets.token_hex(6)}"
     report = StoreBenchReport(options=asdict(options), prefix=prefix)
-    arguments = ["--redis", options.redis_url, "--prefix", prefix]
+    arguments = ["--serve", "--redis", options.redis_url, "--prefix", prefix]
     arguments += ["--full-context", options.full_context]
     arguments += ["--store-timeout", repr(options.store_timeout)]
     try:
         with (
             server_process(
-                "ws_mode.toolkit.bench.store_server", arguments, ready_path=STATS_PATH,
+                "ws_mode.toolkit.bench.store", arguments, ready_path=STATS_PATH,
                 lifetime=24 * 3600.0, backlog=BACKLOG,
             ) as server,
             HttpClient(server.base_url, timeout=options.timeout) as http,
@@ -286,6 +519,9 @@ def run(options: StoreBenchOptions) -> StoreBenchReport:
         "store_failures": 0,
     }  # fmt: skip
     return report
+
+
+# ----------------------------------------------------------------------------- command line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -326,7 +562,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ws_mode.toolkit.bench.store --redis URL``: measure, print the report; 0 when the
-    store's counters are what the run expects, 1 when not, 2 when it could not measure."""
+    store's counters are what the run expects, 1 when not, 2 when it could not measure. With
+    ``--serve``, be the bench server's process instead (:func:`serve`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--serve" in argv:
+        return serve(argv)
     args = _parser().parse_args(argv)
     try:
         options = StoreBenchOptions(

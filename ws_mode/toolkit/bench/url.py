@@ -31,8 +31,7 @@ from ws_mode.testing._client import DEFAULT_PATH, socket_url
 from ..measure import format_bytes, format_seconds, median
 from .control import linked
 from .options import BenchError, BenchOptions, Mode
-from .report import format_ratio, table
-from .run import rotated, windows
+from .rollout import format_ratio, rotated, table, windows
 
 if TYPE_CHECKING:
     from ..rollout import RolloutResult

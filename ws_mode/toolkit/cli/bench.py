@@ -1,8 +1,9 @@
 """``ws-mode bench``: run the benchmark (:mod:`ws_mode.toolkit.bench`), print its measurements.
 
-The report holds measurements and ratios only; ``--check`` adds the project's goals
-(:mod:`ws_mode.toolkit.bench.goals`) and makes the command exit 1 when one is not met. ``--proxy``
-runs :mod:`ws_mode.toolkit.bench.proxy` instead, ``--url`` :mod:`ws_mode.toolkit.bench.url`.
+By default it runs the rollout comparison (:mod:`ws_mode.toolkit.bench.rollout`); ``--proxy``
+runs :mod:`ws_mode.toolkit.bench.proxy` instead, ``--url`` :mod:`ws_mode.toolkit.bench.url`. The
+report holds measurements and ratios only; ``--check`` adds the project's goals
+(:mod:`ws_mode.toolkit.bench.goals`) and makes the command exit 1 when one is not met.
 """
 
 from __future__ import annotations
@@ -64,16 +65,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         save_url(url_report)
         lines = format_url_report(url_report)
     elif options.proxy:
-        from ..bench.proxy import run_proxy_bench
-        from ..bench.proxy_report import format_proxy_report, save_proxy
+        from ..bench.proxy import format_proxy_report, run_proxy_bench, save_proxy
 
         proxy_report = run_proxy_bench(options, progress=say)
         save_proxy(proxy_report)
         lines = format_proxy_report(proxy_report)
         goals = proxy_goals(proxy_report) if options.check else []
     else:
-        from ..bench.report import format_report, save
-        from ..bench.run import run_bench
+        from ..bench.rollout import format_report, run_bench, save
 
         report = run_bench(options, progress=say)
         save(report)

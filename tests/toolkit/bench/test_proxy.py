@@ -1,6 +1,7 @@
 """``ws-mode bench --proxy``: the upstream and the proxy run in their own processes, every mode
 is reported with its fields, the proxy's CPU is read per turn, ``--profile`` profiles the proxy
-too, ``--check`` reports the proxy's goals; the turn "at 100 KB" is found in the history.
+too, ``--check`` reports the proxy's goals, ``--link`` puts a relay in front of the upstream and
+of the proxy; the turn "at 100 KB" is found in the history.
 
 No test asserts a time or a ratio as an upper bound: the machine is shared and noisy.
 """
@@ -20,6 +21,7 @@ from ws_mode.toolkit.bench.proxy import HISTORY_MARK, history_mark
 from ws_mode.toolkit.cli import main
 
 LABELS = ("HTTP direct", "WS via proxy", "HTTP via proxy")
+RTT = 0.08
 
 
 def test_proxy_bench_reports_every_mode_profiles_the_proxy_and_checks_its_goals(
@@ -90,11 +92,18 @@ def test_history_mark_is_the_first_tool_turn_past_100_kb() -> None:
     assert history_mark([1.0] * 8) == (slice(4, 7), None)
 
 
-def test_process_cpu_reads_a_process_from_outside() -> None:
-    before = process_cpu(os.getpid())
-    if before is None:
-        pytest.skip("no process CPU-time clock here")
-    sum(range(200_000))
-    after = process_cpu(os.getpid())
-    assert after is not None
-    assert after > before
+@pytest.mark.slow  # four processes and two relays: about 5 s
+def test_link_works_with_the_proxy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    measurements = tmp_path / "proxy.json"
+    argv = [
+        *("bench", "--proxy", "--turns", "2", "--repeat", "1", "--warmup", "0"),
+        *("--tokens-per-second", "0", "--quiet", "--link", "rtt=80ms"),
+        *("--json", str(measurements)),
+    ]
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "each through a relay modelling rtt 80 ms" in captured.out
+    data = json.loads(measurements.read_text())
+    for row in data["summaries"]["zero-cost"]:
+        assert all(seconds >= RTT for seconds in row["row"]["turn_curve"]), row["row"]["label"]

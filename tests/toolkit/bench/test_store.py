@@ -15,8 +15,7 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer, free_port
-from ws_mode.toolkit.bench.store import main, run
-from ws_mode.toolkit.bench.store_report import StoreBenchOptions, StoreBenchReport
+from ws_mode.toolkit.bench.store import StoreBenchOptions, StoreBenchReport, main, run
 
 SMALL = {"turns": 3, "repeat": 2, "chain_turns": 4, "sockets": 6, "socket_turns": 2}
 
