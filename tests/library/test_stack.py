@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.sync.client import connect
 
 from tests.servers import serve
@@ -50,7 +50,7 @@ class Tagged:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def tagged(message: dict[str, Any]) -> None:
+        async def tagged(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-tagged", b"1")]
             await send(message)

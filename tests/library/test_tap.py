@@ -58,7 +58,10 @@ def test_data_that_is_no_json_object_decodes_to_none(data: bytes) -> None:
 )
 def test_every_event_carrying_the_response_gets_previous_response_id_echoed(kind: str) -> None:
     tap = ResponseTap("resp_parent")
-    event = {"type": kind, "response": {"id": "resp_1", "previous_response_id": None}}
+    event: dict[str, Any] = {
+        "type": kind,
+        "response": {"id": "resp_1", "previous_response_id": None},
+    }
     assert tap.see(event)  # it changed the response object
     assert event["response"]["previous_response_id"] == "resp_parent"
     assert tap.response_id == "resp_1"
@@ -70,7 +73,10 @@ def test_the_echo_says_whether_it_changed_the_response() -> None:
         {"type": "response.in_progress", "response": {"previous_response_id": "resp_parent"}}
     )
     # A handler that says another parent is corrected: the client continued this one.
-    wrong = {"type": "response.in_progress", "response": {"previous_response_id": "resp_x"}}
+    wrong: dict[str, Any] = {
+        "type": "response.in_progress",
+        "response": {"previous_response_id": "resp_x"},
+    }
     assert tap.see(wrong)
     assert wrong["response"]["previous_response_id"] == "resp_parent"
 
