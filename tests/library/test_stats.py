@@ -1,4 +1,5 @@
-"""The counters a deployment watches, read through `middleware.stats` and Prometheus."""
+"""The counters a deployment watches, read through `middleware.stats` (their Prometheus export
+is tests/library/test_prometheus.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import json
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -16,7 +16,6 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.servers import serve
 from ws_mode import Limits, WebSocketModeMiddleware
-from ws_mode.prometheus import register
 
 
 async def handler(request: Request) -> JSONResponse:
@@ -88,33 +87,3 @@ def test_counters_follow_the_traffic() -> None:
     assert latency["count"] == 4
     assert latency["buckets"][-1] == (float("inf"), 4)
     assert latency["sum"] > 0
-
-
-def test_prometheus_exposes_the_counters() -> None:
-    middleware = WebSocketModeMiddleware(Starlette())
-    middleware.stats.turns = 3
-    middleware.stats.error("invalid_json")
-    middleware.stats.turn_finished(0.02, failed=False)
-    registry = CollectorRegistry()
-    register(middleware, registry)
-    text = generate_latest(registry).decode()
-    assert "ws_mode_turns_total 3.0" in text
-    assert 'ws_mode_errors_total{code="invalid_json"} 1.0' in text
-    assert 'ws_mode_turn_seconds_bucket{le="0.025"} 1.0' in text
-    assert "ws_mode_connections_open 0.0" in text
-    assert "ws_mode_memory_limit_bytes 2.147483648e+09" in text
-    assert "ws_mode_memory_refusals_total 0.0" in text
-    assert "ws_mode_store_failures_total 0.0" in text  # every counter of the store too
-
-
-def test_prometheus_exports_every_number_the_snapshot_gives() -> None:
-    # Both are made from one table (ws_mode._stats.METRICS): a counter added to Stats is
-    # exported, under its own name.
-    middleware = WebSocketModeMiddleware(Starlette())
-    registry = CollectorRegistry()
-    register(middleware, registry)
-    text = generate_latest(registry).decode()
-    numbers = [k for k, v in middleware.stats.snapshot().items() if isinstance(v, int | float)]
-    assert len(numbers) >= 20
-    for key in numbers:
-        assert f"\nws_mode_{key} " in text or f"\nws_mode_{key}_total " in text, key

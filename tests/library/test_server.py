@@ -1,0 +1,197 @@
+"""`ws_mode.server.Server`, uvicorn that drains WebSocket mode before it shuts down: it finds
+the middlewares in its app (or is given them); on shutdown, while uvicorn still listens, new
+sockets are refused, running turns finish and sockets close with 1001, where a plain
+`uvicorn.Server` closes them at once with 1012; and it drops uvicorn's spurious line after a
+refused upgrade (`RefusalLineFilter`, whose effect tests/library/test_logs.py shows)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from ws_mode import Limits, WebSocketModeMiddleware, find_middlewares
+from ws_mode.server import RefusalLineFilter, Server
+from ws_mode.testing._loopback import bind_loopback
+
+#: A bound on what must not hang (never a speed).
+HANG = 20.0
+
+
+class Held:
+    """A handler that answers only once the test lets it go."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def respond(self, request: Request) -> JSONResponse:
+        await request.body()
+        self.started.set()
+        await self.release.wait()
+        item = {"type": "message", "role": "assistant", "status": "completed", "content": []}
+        return JSONResponse(
+            {"id": "resp_1", "object": "response", "status": "completed", "output": [item]}
+        )
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/responses", self.respond, methods=["POST"])]
+
+
+# --- which middlewares it drains ------------------------------------------------------------
+
+
+def config(app: Any) -> uvicorn.Config:
+    return uvicorn.Config(app, lifespan="off", log_config=None)
+
+
+def shaped(shape: str) -> Any:
+    """An app that has not started, with the middleware where `shape` says."""
+    routes = Held().routes()
+    if shape == "wrapped":  # how Django's ASGI application is wrapped
+        return WebSocketModeMiddleware(Starlette(routes=routes))
+    if shape == "in-the-middleware-list":
+        return Starlette(routes=routes, middleware=[Middleware(WebSocketModeMiddleware)])
+    if shape == "mounted":
+        return Starlette(routes=[Mount("/api", app=WebSocketModeMiddleware(Starlette()))])
+    return Starlette(routes=routes)
+
+
+@pytest.mark.parametrize(
+    ("shape", "count"), [("wrapped", 1), ("in-the-middleware-list", 1), ("mounted", 1), ("none", 0)]
+)
+def test_by_default_it_drains_the_middlewares_found_in_its_app(shape: str, count: int) -> None:
+    app = shaped(shape)
+    server = Server(config(app))
+    assert len(server.middlewares) == count
+    assert server.middlewares == find_middlewares(app)  # the very instances that will serve
+    if isinstance(app, Starlette):
+        assert app.middleware_stack is None  # found without building the app
+
+
+def test_it_drains_the_middlewares_it_is_given() -> None:
+    found = WebSocketModeMiddleware(Starlette())
+    given = WebSocketModeMiddleware(Starlette())
+    server = Server(config(found), [given])
+    assert server.middlewares == [given]
+    assert Server(config(found), []).middlewares == []
+
+
+def test_it_drops_uvicorns_line_after_a_refused_upgrade() -> None:
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    saved = list(uvicorn_error.filters)
+    for each in saved:
+        uvicorn_error.removeFilter(each)
+    try:
+        Server(config(Starlette()))
+        Server(config(Starlette()))
+        added = [each for each in uvicorn_error.filters if isinstance(each, RefusalLineFilter)]
+        assert len(added) == 1  # once per process
+    finally:
+        for each in list(uvicorn_error.filters):
+            uvicorn_error.removeFilter(each)
+        for each in saved:
+            uvicorn_error.addFilter(each)
+
+
+# --- shutting down --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def running(server: uvicorn.Server) -> AsyncIterator[str]:
+    """`server` serving on a loopback socket in this event loop; its `ws://` base URL. On the
+    way out it is told to exit (as SIGTERM does) and awaited."""
+    sock = bind_loopback()
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(HANG):
+            while not server.started:
+                assert not serving.done()
+                await asyncio.sleep(0.01)
+        yield f"ws://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, HANG)
+        sock.close()
+
+
+async def send_create(socket: ClientConnection) -> None:
+    await socket.send(json.dumps({"type": "response.create", "model": "m", "input": "x"}))
+
+
+async def until_closed(socket: ClientConnection) -> tuple[list[str], int | None]:
+    """The event types received until the server closed the socket, and its close code."""
+    kinds: list[str] = []
+    try:
+        async with asyncio.timeout(HANG):
+            async for text in socket:
+                kinds.append(json.loads(text)["type"])
+    except ConnectionClosed:
+        pass
+    return kinds, socket.close_code
+
+
+async def refused_while_draining(url: str) -> int:
+    """Connect until the middleware refuses the upgrade (its drain has begun: uvicorn still
+    listens); the status of the refusal."""
+    async with asyncio.timeout(HANG):
+        while True:
+            try:
+                async with connect(url):
+                    pass  # not draining yet
+            except InvalidStatus as refused:
+                return refused.response.status_code
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_on_shutdown_running_turns_finish_then_sockets_close_with_1001() -> None:
+    held = Held()
+    middleware = WebSocketModeMiddleware(
+        Starlette(routes=held.routes()), limits=Limits(shutdown_grace_seconds=HANG)
+    )
+    server = Server(config(middleware))
+    async with running(server) as base_url:
+        url = base_url + "/v1/responses"
+        async with connect(url) as socket:
+            await send_create(socket)
+            await asyncio.wait_for(held.started.wait(), HANG)
+            server.should_exit = True
+            assert await refused_while_draining(url) == 426
+            held.release.set()  # the running turn ends only now, during the drain
+            kinds, code = await until_closed(socket)
+    assert kinds[-1] == "response.completed"
+    assert code == 1001  # "going away": the client reconnects elsewhere
+    assert middleware.stats.turns == 1
+    assert middleware.stats.turns_failed == 0
+
+
+@pytest.mark.anyio
+async def test_a_plain_uvicorn_server_cuts_running_turns_with_1012() -> None:
+    """What `Server` is for: uvicorn alone closes every socket as its shutdown starts."""
+    held = Held()
+    middleware = WebSocketModeMiddleware(
+        Starlette(routes=held.routes()), limits=Limits(shutdown_grace_seconds=HANG)
+    )
+    server = uvicorn.Server(config(middleware))
+    async with running(server) as base_url, connect(base_url + "/v1/responses") as socket:
+        await send_create(socket)
+        await asyncio.wait_for(held.started.wait(), HANG)
+        server.should_exit = True
+        kinds, code = await until_closed(socket)
+        held.release.set()
+    assert "response.completed" not in kinds
+    assert code == 1012
