@@ -112,4 +112,6 @@ async def test_sending_the_close_frame_is_bounded_by_close_timeout_seconds() -> 
     await asyncio.wait_for(connection.drain(0.0), 10)  # 10 s: a hang, not a speed
     elapsed = loop.time() - started
     assert [message["type"] for message in sent] == ["websocket.close"]
-    assert 1.5 <= elapsed < 6  # the bound set, not the 1 s default, nor forever
+    # The bound set, not the 1 s default (asyncio may fire a timer up to its clock's resolution
+    # early); wait_for above stands for "not forever", so no upper bound a busy machine breaks.
+    assert elapsed >= 1.5 - 0.005
