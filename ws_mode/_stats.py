@@ -1,65 +1,151 @@
-"""Counters a deployment watches: connections, turns, the cache, bytes saved, errors, latency.
+"""Counters a deployment watches: connections, turns, the cache, the store, bytes saved,
+errors, latency, the memory budget.
 
-One `Stats` per middleware (one worker process): `middleware.stats.snapshot()` returns plain
-numbers for logs, a health endpoint, or `ws_mode.prometheus`.
+One `Stats` per middleware: `middleware.stats.snapshot()` returns plain numbers, JSON-safe (for
+logs or a health endpoint), under the keys of one table, `METRICS`, from which
+`ws_mode.prometheus` makes its metrics too, so a number cannot be counted and not exported.
+Every `Stats` of the process can be found without its middleware (`live_stats()`): that is how
+`ws_mode.prometheus.metrics_app()` exports every middleware with no lookup.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+import weakref
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from ._budget import MemoryBudget
 
-__all__ = ["LATENCY_BUCKETS", "METRICS", "Stats"]
+__all__ = [
+    "INF_BOUND",
+    "LATENCY_BUCKETS",
+    "METRICS",
+    "Metric",
+    "Stats",
+    "bound_label",
+    "live_stats",
+]
 
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: The last bucket's bound as `snapshot()` and Prometheus write it (JSON has no infinity).
+INF_BOUND = "+Inf"
+
+#: What a number is: one that only grows, one that goes up and down, counts by error code
+#: (`{code: count}`), or the turn latency's histogram.
+Kind = Literal["counter", "gauge", "counters by code", "histogram"]
 
 
-#: Every number `Stats.snapshot()` gives, once: its key, whether it only grows ("counter") or
-#: goes up and down ("gauge"), and what it means. `snapshot()` and `ws_mode.prometheus` are
-#: both made from this table, so a number cannot be counted and not exported. The memory
+class Metric(NamedTuple):
+    """One key of `Stats.snapshot()`: its name, its kind, and what it means (the metric's help
+    text in Prometheus, its row in the docs)."""
+
+    key: str
+    kind: Kind
+    help: str
+
+
+#: Every key `Stats.snapshot()` gives, once, in the order it gives them. `snapshot()` is made
+#: from this table (a key not here is not given), and so is `ws_mode.prometheus`. The memory
 #: budget's numbers are there when the middleware has a budget.
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("connections_open", "gauge", "Open WebSocket mode connections."),
-    ("connections_total", "counter", "WebSocket mode connections accepted."),
-    ("connections_refused", "counter", "WebSocket mode upgrades refused (limits, off, auth)."),
-    ("turns", "counter", "Handler calls made for generated responses."),
-    ("turns_failed", "counter", "Handler calls whose response failed or errored."),
-    ("warm_ups", "counter", "generate: false warm-ups answered without calling the handler."),
-    ("cache_hits", "counter", "Requests whose previous_response_id was cached on the connection."),
-    ("cache_misses", "counter", "Requests whose previous_response_id was not cached there."),
-    ("cache_evictions", "counter", "Responses evicted from connection caches."),
-    ("bytes_received", "counter", "Bytes of client frames received."),
-    ("bytes_saved", "counter", "Context bytes clients did not re-send, joined from the cache."),
-    (
+METRICS: tuple[Metric, ...] = (
+    Metric("connections_open", "gauge", "Open WebSocket mode connections."),
+    Metric("connections_total", "counter", "WebSocket mode connections accepted."),
+    Metric(
+        "connections_refused", "counter", "WebSocket mode upgrades refused (limits, off, auth)."
+    ),
+    Metric("turns", "counter", "Handler calls made for generated responses."),
+    Metric("turns_failed", "counter", "Handler calls whose response failed or errored."),
+    Metric("warm_ups", "counter", "generate: false warm-ups answered without calling the handler."),
+    Metric(
+        "cache_hits",
+        "counter",
+        "Requests whose previous_response_id was cached on the connection.",
+    ),
+    Metric("cache_misses", "counter", "Requests whose previous_response_id was not cached there."),
+    Metric("cache_evictions", "counter", "Responses evicted from connection caches."),
+    Metric("bytes_received", "counter", "Bytes of client frames received."),
+    Metric(
+        "bytes_saved",
+        "counter",
+        "Context bytes clients did not re-send, joined from the cache.",
+    ),
+    Metric(
         "store_hydrations",
         "counter",
         "Parents missing from a connection cache, found in the store.",
     ),
-    ("store_writes", "counter", "Records written to the store."),
-    (
+    Metric("store_writes", "counter", "Records written to the store."),
+    Metric(
         "store_failures",
         "counter",
         "Store reads and writes that failed, timed out or were cut.",
     ),
-    ("store_refused", "counter", "Conversations not stored: over max_stored_bytes_per_principal."),
-    ("store_dropped", "counter", "Conversations dropped to keep a principal within its bound."),
-    ("memory_bytes", "gauge", "Bytes WebSocket mode holds in this process (the memory budget)."),
-    ("memory_held_bytes", "gauge", "This middleware's part of the memory budget's use."),
-    ("memory_limit_bytes", "gauge", "The memory budget: Limits.max_memory_bytes."),
-    ("memory_peak_bytes", "gauge", "The most the memory budget has held."),
-    ("memory_refusals", "counter", "Work refused because the memory budget could not hold it."),
+    Metric(
+        "store_refused",
+        "counter",
+        "Conversations not stored: over max_stored_bytes_per_principal.",
+    ),
+    Metric(
+        "store_dropped",
+        "counter",
+        "Conversations dropped to keep a principal within its bound.",
+    ),
+    Metric(
+        "memory_bytes", "gauge", "Bytes WebSocket mode holds in this process (the memory budget)."
+    ),
+    Metric("memory_held_bytes", "gauge", "This middleware's part of the memory budget's use."),
+    Metric("memory_limit_bytes", "gauge", "The memory budget: Limits.max_memory_bytes."),
+    Metric("memory_peak_bytes", "gauge", "The most the memory budget has held."),
+    Metric(
+        "memory_refusals",
+        "counter",
+        "Work refused because the memory budget could not hold it.",
+    ),
+    Metric("errors", "counters by code", "Error events sent to clients, by code."),
+    Metric(
+        "turn_latency",
+        "histogram",
+        "Time from a handler call's start to its response's terminal event.",
+    ),
 )
+
+#: Every `Stats` of the process still in use, by the order they were made (`live_stats()`).
+_LIVE: weakref.WeakValueDictionary[int, Stats] = weakref.WeakValueDictionary()
+_LIVE_LOCK = threading.Lock()
+_SERIALS = itertools.count()
+
+
+def live_stats() -> list[Stats]:
+    """Every `Stats` of this process still in use (one per middleware), oldest first.
+
+    A middleware the application let go is gone once Python's garbage collector has freed it
+    (its parts refer to each other, so that waits for a collection)."""
+    with _LIVE_LOCK:
+        return [stats for _serial, stats in sorted(_LIVE.items())]
+
+
+def bound_label(bound: float) -> str:
+    """A latency bucket's bound as text, as Prometheus's `le` label writes it: `0.005`, `1.0`,
+    `+Inf`."""
+    return INF_BOUND if bound == float("inf") else repr(bound)
 
 
 class Stats:
     """Counters of one middleware. Everything counts since the middleware was created."""
 
+    #: How `ws_mode.prometheus.metrics_app()` tells this middleware from the others of the
+    #: process: its `middleware` label. None: `default` (`default-2`, `default-3`, ... for
+    #: other unnamed ones, in the order they were made).
+    name: str | None = None
+
     def __init__(self) -> None:
+        with _LIVE_LOCK:
+            _LIVE[next(_SERIALS)] = self
         self.connections_open = 0
         self.connections_total = 0
         self.connections_refused = 0
@@ -125,22 +211,29 @@ class Stats:
             "memory_refusals": budget.refusals,
         }
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every counter as plain numbers; `turn_latency` as cumulative histogram buckets."""
-        cumulative: list[tuple[float, int]] = []
+    def _latency(self) -> dict[str, Any]:
+        """The turn latency as Prometheus keeps a histogram: cumulative counts by upper bound
+        (as text, the last `+Inf`), the count and the sum of seconds."""
+        buckets: dict[str, int] = {}
         total = 0
-        bounds = (*LATENCY_BUCKETS, float("inf"))
-        for bound, count in zip(bounds, self.latency_buckets, strict=True):
+        for bound, count in zip(
+            (*LATENCY_BUCKETS, float("inf")), self.latency_buckets, strict=True
+        ):
             total += count
-            cumulative.append((bound, total))
-        memory = self._memory()
-        numbers = {
-            key: memory[key] if key.startswith("memory_") else getattr(self, key)
-            for key, _kind, _help in METRICS
-            if not key.startswith("memory_") or key in memory
+            buckets[bound_label(bound)] = total
+        return {"buckets": buckets, "count": total, "sum": self.latency_sum}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every key of `METRICS` (the memory budget's with a budget): counters and gauges as
+        plain numbers, `errors` as `{code: count}`, `turn_latency` as cumulative histogram
+        buckets. Only strings, numbers and dicts: `json.dumps(..., allow_nan=False)` takes it."""
+        values: dict[str, Any] = {
+            "errors": dict(self.errors),
+            "turn_latency": self._latency(),
+            **self._memory(),
         }
         return {
-            **numbers,
-            "errors": dict(self.errors),
-            "turn_latency": {"buckets": cumulative, "count": total, "sum": self.latency_sum},
+            metric.key: values[metric.key] if metric.key in values else getattr(self, metric.key)
+            for metric in METRICS
+            if not metric.key.startswith("memory_") or metric.key in values
         }

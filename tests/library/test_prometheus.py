@@ -1,23 +1,53 @@
-"""`ws_mode.prometheus`: a middleware's `stats` as Prometheus metrics, read at every scrape;
-every number of the `Stats` table (`METRICS`) exported under its own name and kind, errors by
-code, and the turn latency as a histogram."""
+"""`ws_mode.prometheus`: every key of the `Stats` table (`METRICS`) exported under its own name
+and kind, read at every scrape; one middleware (`register`) or every middleware of the process,
+told apart by a label (`metrics_app`, `with_metrics`), scraped over HTTP from a real uvicorn
+after real socket turns; and docs/operations.md's table of metrics, kept in step with a scrape."""
 
 from __future__ import annotations
 
+import gc
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
-from ws_mode import WebSocketModeMiddleware
-from ws_mode._stats import LATENCY_BUCKETS, METRICS
-from ws_mode.prometheus import StatsCollector, register
+from ws_mode import ConfigError, Limits, MemoryStore, WebSocketModeMiddleware, find_middlewares
+from ws_mode._asgi import Receive, Scope, Send
+from ws_mode._stats import LATENCY_BUCKETS, METRICS, live_stats
+from ws_mode._stats import Metric as StatsMetric
+from ws_mode.prometheus import (
+    MiddlewaresCollector,
+    StatsCollector,
+    metrics_app,
+    register,
+    register_all,
+    with_metrics,
+)
+from ws_mode.testing._client import connect
+from ws_mode.testing._loopback import ServerThread
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def scrape_text(text: str) -> dict[str, Metric]:
+    """Metrics as a scraper reads them, by family name."""
+    return {family.name: family for family in text_string_to_metric_families(text)}
 
 
 def scrape(registry: CollectorRegistry) -> dict[str, Metric]:
-    """The registry's metrics as a scraper reads them, by family name."""
-    text = generate_latest(registry).decode()
-    return {family.name: family for family in text_string_to_metric_families(text)}
+    return scrape_text(generate_latest(registry).decode())
 
 
 def value(family: Metric, sample: str, **labels: str) -> float:
@@ -25,10 +55,15 @@ def value(family: Metric, sample: str, **labels: str) -> float:
     return found
 
 
-def family_name(key: str, kind: str, prefix: str = "ws_mode") -> str:
-    """The family a `METRICS` key is exported as: a counter's samples end in `_total`, which
-    its family's name leaves out (`connections_total` is sampled as `..._connections_total`)."""
-    return f"{prefix}_{key.removesuffix('_total') if kind == 'counter' else key}"
+def family_name(metric: StatsMetric, prefix: str = "ws_mode") -> str:
+    """The family a `METRICS` key is exported as, as the parser names it: a counter's samples
+    end in `_total`, which its family's name leaves out (`connections_total` is sampled as
+    `..._connections_total`); the latency histogram is in seconds."""
+    if metric.key == "turn_latency":
+        return f"{prefix}_turn_seconds"
+    if metric.kind in ("counter", "counters by code"):
+        return f"{prefix}_{metric.key.removesuffix('_total')}"
+    return f"{prefix}_{metric.key}"
 
 
 def registered(middleware: WebSocketModeMiddleware, **options: str) -> CollectorRegistry:
@@ -37,6 +72,15 @@ def registered(middleware: WebSocketModeMiddleware, **options: str) -> Collector
     assert isinstance(collector, StatsCollector)
     assert collector.middleware is middleware
     return registry
+
+
+@pytest.fixture
+def only_these() -> None:
+    """The middlewares other tests let go, freed: the process's collector sees only the live."""
+    gc.collect()
+
+
+# --- one middleware: register ----------------------------------------------------------------
 
 
 def test_prometheus_exposes_the_counters() -> None:
@@ -53,38 +97,32 @@ def test_prometheus_exposes_the_counters() -> None:
     assert "ws_mode_connections_open 0.0" in text
     assert "ws_mode_memory_limit_bytes 2.147483648e+09" in text
     assert "ws_mode_memory_refusals_total 0.0" in text
-    assert "ws_mode_store_failures_total 0.0" in text  # every counter of the store too
+    for store in ("writes", "failures", "hydrations", "refused", "dropped"):
+        assert f"ws_mode_store_{store}_total 0.0" in text  # every counter of the store too
 
 
-def test_prometheus_exports_every_number_the_snapshot_gives() -> None:
-    # Both are made from one table (ws_mode._stats.METRICS): a counter added to Stats is
-    # exported, under its own name.
+def test_every_key_of_the_stats_table_is_exported_under_its_own_name_and_kind() -> None:
+    # Both are made from one table (ws_mode._stats.METRICS): a key added to it is exported
+    # with its kind and help, errors and the latency histogram included.
     middleware = WebSocketModeMiddleware(Starlette())
-    registry = CollectorRegistry()
-    register(middleware, registry)
-    text = generate_latest(registry).decode()
-    numbers = [k for k, v in middleware.stats.snapshot().items() if isinstance(v, int | float)]
-    assert len(numbers) >= 20
-    for key in numbers:
-        assert f"\nws_mode_{key} " in text or f"\nws_mode_{key}_total " in text, key
-
-
-def test_every_number_of_the_stats_table_is_exported_under_its_own_name_and_kind() -> None:
-    middleware = WebSocketModeMiddleware(Starlette())
+    middleware.stats.error("invalid_json")
     families = scrape(registered(middleware))
-    for key, kind, documentation in METRICS:
-        family = families.get(family_name(key, kind))
-        assert family is not None, key
-        assert family.type == kind, key
-        assert family.documentation == documentation, key
+    prometheus_type = {"counters by code": "counter"}
+    assert len(METRICS) >= 23
+    for metric in METRICS:
+        family = families.get(family_name(metric))
+        assert family is not None, metric.key
+        assert family.type == prometheus_type.get(metric.kind, metric.kind), metric.key
+        assert family.documentation == metric.help, metric.key
+    assert set(families) == {family_name(metric) for metric in METRICS}
 
 
 def test_without_a_memory_budget_its_numbers_are_left_out_and_the_rest_exported() -> None:
     middleware = WebSocketModeMiddleware(Starlette())
     middleware.stats.budget = None  # a Stats of its own, outside a middleware
     families = scrape(registered(middleware))
-    exported = {family_name(key, kind) for key, kind, _doc in METRICS}
-    memory = {family_name(key, kind) for key, kind, _doc in METRICS if key.startswith("memory_")}
+    exported = {family_name(metric) for metric in METRICS}
+    memory = {family_name(metric) for metric in METRICS if metric.key.startswith("memory_")}
     others = exported - memory
     assert memory
     assert not memory & set(families)
@@ -97,10 +135,12 @@ def test_the_numbers_are_read_at_every_scrape() -> None:
     assert value(scrape(registry)["ws_mode_turns"], "ws_mode_turns_total") == 0
     middleware.stats.turns += 5
     middleware.stats.connections_open = 2
+    middleware.stats.store_failures += 1
     middleware.stats.error("rate_limit_exceeded")
     families = scrape(registry)
     assert value(families["ws_mode_turns"], "ws_mode_turns_total") == 5
     assert value(families["ws_mode_connections_open"], "ws_mode_connections_open") == 2
+    assert value(families["ws_mode_store_failures"], "ws_mode_store_failures_total") == 1
     errors = families["ws_mode_errors"]
     assert value(errors, "ws_mode_errors_total", code="rate_limit_exceeded") == 1
 
@@ -117,6 +157,7 @@ def test_the_turn_latency_is_a_histogram_of_the_stats_buckets() -> None:
         if sample.name == "ws_mode_turn_seconds_bucket"
     }
     assert list(buckets) == [repr(bound) for bound in LATENCY_BUCKETS] + ["+Inf"]
+    assert buckets == middleware.stats.snapshot()["turn_latency"]["buckets"]
     assert buckets["0.005"] == 1
     assert buckets["0.1"] == 1
     assert buckets["0.25"] == 3  # cumulative
@@ -144,3 +185,282 @@ def test_two_middlewares_are_told_apart_by_their_prefixes() -> None:
     families = scrape(registry)
     assert value(families["a_turns"], "a_turns_total") == 1
     assert value(families["b_turns"], "b_turns_total") == 2
+
+
+# --- every middleware of the process: register_all, metrics_app, with_metrics ---------------
+
+
+def test_every_middleware_of_the_process_is_exported_with_its_label(only_these: None) -> None:
+    edge, internal = WebSocketModeMiddleware(Starlette()), WebSocketModeMiddleware(Starlette())
+    edge.stats.name, internal.stats.name = "edge", "internal"
+    edge.stats.turns, internal.stats.turns = 1, 2
+    internal.stats.error("invalid_json")
+    internal.stats.turn_finished(0.02, failed=False)
+    registry = CollectorRegistry()
+    collector = register_all(registry)
+    assert isinstance(collector, MiddlewaresCollector)
+    families = scrape(registry)
+    turns = families["ws_mode_turns"]
+    assert value(turns, "ws_mode_turns_total", middleware="edge") == 1
+    assert value(turns, "ws_mode_turns_total", middleware="internal") == 2
+    errors = families["ws_mode_errors"]
+    assert value(errors, "ws_mode_errors_total", middleware="internal", code="invalid_json") == 1
+    latency = families["ws_mode_turn_seconds"]
+    assert value(latency, "ws_mode_turn_seconds_count", middleware="internal") == 1
+    assert value(latency, "ws_mode_turn_seconds_bucket", middleware="internal", le="+Inf") == 1
+    # Every family of the table, each sample labelled.
+    assert {family_name(metric) for metric in METRICS} <= set(families)
+    for metric in METRICS:
+        for sample in families[family_name(metric)].samples:
+            assert sample.labels["middleware"] in ("edge", "internal"), sample
+
+
+def test_unnamed_middlewares_are_labelled_default_in_the_order_they_were_made(
+    only_these: None,
+) -> None:
+    first, second = WebSocketModeMiddleware(Starlette()), WebSocketModeMiddleware(Starlette())
+    twin_a, twin_b = WebSocketModeMiddleware(Starlette()), WebSocketModeMiddleware(Starlette())
+    twin_a.stats.name = twin_b.stats.name = "twin"
+    for count, middleware in enumerate((first, second, twin_a, twin_b), start=1):
+        middleware.stats.turns = count
+    registry = CollectorRegistry()
+    register_all(registry)
+    samples = scrape(registry)["ws_mode_turns"].samples
+    by_label = {sample.labels["middleware"]: sample.value for sample in samples}
+    assert by_label == {"default": 1, "default-2": 2, "twin": 3, "twin-2": 4}
+
+
+def test_a_middleware_let_go_leaves_the_scrape(only_these: None) -> None:
+    middleware = WebSocketModeMiddleware(Starlette())
+    middleware.stats.name = "short-lived"
+    registry = CollectorRegistry()
+    register_all(registry)
+    assert "short-lived" in generate_latest(registry).decode()
+    del middleware
+    gc.collect()
+    assert "short-lived" not in generate_latest(registry).decode()
+
+
+def test_register_all_registers_once_per_registry_and_prefix() -> None:
+    middleware = WebSocketModeMiddleware(Starlette())
+    registry = CollectorRegistry()
+    first = register_all(registry)
+    assert register_all(registry) is first
+    metrics_app(registry)  # registers nothing more
+    assert register_all(registry, prefix="edge") is not first
+    text = generate_latest(registry).decode()
+    assert text.count("# TYPE ws_mode_turns_total counter") == 1
+    assert "# TYPE edge_turns_total counter" in text
+    assert middleware.stats in live_stats()
+
+
+def test_one_middleware_and_every_middleware_under_one_prefix_clash_at_once() -> None:
+    # Two collectors giving the same names would make a scrape Prometheus rejects: the registry
+    # refuses the second when it is registered, even with no middleware alive yet.
+    registry = CollectorRegistry()
+    register_all(registry)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        register(WebSocketModeMiddleware(Starlette()), registry)
+    register(WebSocketModeMiddleware(Starlette()), registry, prefix="one")
+
+
+async def bare_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """A plain ASGI app: 200 "app" for every request."""
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"app"})
+
+
+def test_with_metrics_answers_its_path_and_passes_everything_else_on() -> None:
+    registry = CollectorRegistry()
+    middleware = WebSocketModeMiddleware(bare_app)
+    app = with_metrics(middleware, "/metrics", registry=registry)
+    assert find_middlewares(app) == [middleware]  # drained by ws_mode.server.Server, found
+    with ServerThread(app, lifespan="off") as origin:
+        metrics = httpx.get(f"{origin}/metrics", timeout=10)
+        other = httpx.get(f"{origin}/metrics/more", timeout=10)
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "# TYPE ws_mode_turns_total counter" in metrics.text
+    assert other.text == "app"
+    with pytest.raises(ConfigError, match="must start with /"):
+        with_metrics(bare_app, "metrics")
+
+
+def test_metrics_app_fits_where_any_asgi_app_goes() -> None:
+    # Mounted as a route: HTTP gets the metrics; a socket to it is refused, not crashed.
+    app = Starlette(routes=[Route("/metrics", metrics_app(CollectorRegistry()))])
+    with ServerThread(app, lifespan="on") as origin:
+        assert httpx.get(f"{origin}/metrics", timeout=10).status_code == 200
+        with pytest.raises(Exception, match="403"):
+            connect(origin, "/metrics")
+
+
+# --- over HTTP from a real server, after real socket turns ----------------------------------
+
+
+def responses_app(store: MemoryStore) -> FastAPI:
+    """The documented FastAPI recipe: the middleware added, the metrics routed; a handler
+    that answers each turn with one message."""
+    app = FastAPI()
+    numbers = itertools.count(1)
+
+    @app.post("/v1/responses")
+    async def create(request: Request) -> JSONResponse:
+        await request.json()
+        message = {
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "ok " * 50, "annotations": []}],
+        }
+        reply = {"object": "response", "status": "completed", "output": [message]}
+        return JSONResponse({"id": f"resp_{next(numbers)}", **reply})
+
+    @app.get("/healthz")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app.add_middleware(WebSocketModeMiddleware, store=store, shared_store=True)
+    app.mount("/metrics", metrics_app())  # the default registry, registered once per process
+    return app
+
+
+def scraped(origin: str, name: str) -> dict[str, dict[str, float]]:
+    """`GET /metrics` over HTTP: each sample of the middleware labelled `name`, by sample
+    name and then by its other labels (`code=...`, `le=...`, or "")."""
+    # As Prometheus scrapes it: Starlette redirects /metrics to the mount's /metrics/.
+    answer = httpx.get(f"{origin}/metrics", timeout=10, follow_redirects=True)
+    assert answer.status_code == 200
+    samples: dict[str, dict[str, float]] = {}
+    for family in scrape_text(answer.text).values():
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            if labels.pop("middleware", None) != name:
+                continue
+            rest = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+            samples.setdefault(sample.name, {})[rest] = sample.value
+    return samples
+
+
+def turn(origin: str, **fields: Any) -> dict[str, Any]:
+    with connect(origin) as socket:
+        socket.send({"type": "response.create", "model": "m", **fields})
+        event: dict[str, Any] = socket.receive_turn(timeout=10)[-1]
+    return event
+
+
+def test_a_scrape_over_http_follows_real_socket_turns() -> None:
+    app = responses_app(MemoryStore())
+    with ServerThread(app, lifespan="on") as origin:
+        # Only to find this middleware among the others of the test process: a deployment
+        # has one, labelled "default", and needs no lookup.
+        (middleware,) = find_middlewares(app)
+        middleware.stats.name = "scraped"
+        before = scraped(origin, "scraped")
+        assert before["ws_mode_turns_total"] == {"": 0}
+        assert before["ws_mode_store_writes_total"] == {"": 0}
+
+        first = turn(origin, input="hello")
+        assert first["type"] == "response.completed", first
+        parent = first["response"]["id"]
+        # A new socket: the parent is not in its cache, so it comes from the store.
+        second = turn(
+            origin, input=[{"role": "user", "content": "more"}], previous_response_id=parent
+        )
+        assert second["type"] == "response.completed", second
+        missing = turn(origin, input="x", previous_response_id="resp_unknown")
+        assert missing["type"] == "error"
+        with connect(origin) as socket:
+            socket.send("not json")
+            assert socket.receive(timeout=10)["error"]["code"] == "invalid_json"
+        plain = httpx.get(f"{origin}/healthz", timeout=10)  # plain HTTP passes by
+        assert plain.text == "ok"
+        after = scraped(origin, "scraped")
+
+    assert after["ws_mode_connections_total"][""] == 4
+    assert after["ws_mode_connections_open"][""] == 0
+    assert after["ws_mode_turns_total"][""] == 2
+    assert after["ws_mode_store_writes_total"][""] >= 2
+    assert after["ws_mode_store_hydrations_total"][""] == 1
+    assert after["ws_mode_store_failures_total"][""] == 0
+    assert after["ws_mode_cache_misses_total"][""] == 2
+    assert after["ws_mode_bytes_received_total"][""] > 0
+    assert after["ws_mode_errors_total"] == {
+        "code=previous_response_not_found": 1,
+        "code=invalid_json": 1,
+    }
+    assert after["ws_mode_turn_seconds_count"][""] == 2
+    assert after["ws_mode_turn_seconds_bucket"]["le=+Inf"] == 2
+    assert after["ws_mode_memory_limit_bytes"][""] == Limits().max_memory_bytes
+
+
+# --- docs/operations.md ----------------------------------------------------------------------
+
+
+def metrics_table() -> str:
+    """The table of every metric, made from a scrape of a middleware with every kind of
+    sample: what docs/operations.md must show."""
+    middleware = WebSocketModeMiddleware(Starlette())
+    registry = CollectorRegistry()
+    register(middleware, registry)
+    families = scrape(registry)
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for metric in METRICS:
+        family = families[family_name(metric)]
+        if family.type == "counter":
+            shown = f"`{family.name}_total`"
+        elif family.type == "histogram":
+            shown = f"`{family.name}_bucket`, `_sum`, `_count`"
+        else:
+            shown = f"`{family.name}`"
+        labels = ["`middleware`"]
+        if metric.kind == "counters by code":
+            labels.append("`code`")
+        if family.type == "histogram":
+            labels.append("`le`")
+        meaning = family.documentation
+        rows.append(f"| {shown} | {family.type} | {', '.join(labels)} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_operations_page_lists_every_metric_as_a_scrape_shows_it() -> None:
+    page = OPERATIONS.read_text(encoding="utf-8")
+    table = metrics_table()
+    assert table in page, f"docs/operations.md's table of metrics should read:\n\n{table}"
+
+
+def test_every_metric_the_operations_page_names_exists() -> None:
+    # The alerts and queries quote real names: a renamed metric breaks this test, not an alert.
+    middleware = WebSocketModeMiddleware(Starlette())
+    registry = CollectorRegistry()
+    register(middleware, registry)
+    families = scrape(registry)
+    samples = {
+        f"{family.name}{suffix}"
+        for family in families.values()
+        for suffix in {
+            "counter": ("_total",),
+            "gauge": ("",),
+            "histogram": ("_bucket", "_sum", "_count", ""),
+        }[family.type]
+    }
+    page = OPERATIONS.read_text(encoding="utf-8")
+    named = set(re.findall(r"\bws_mode_[a-z_]+[a-z]\b", page))
+    assert named
+    assert named - samples == set()
+
+
+def test_the_operations_pages_alerts_are_prometheus_rules() -> None:
+    page = OPERATIONS.read_text(encoding="utf-8")
+    (block,) = re.findall(r"```yaml\n(.*?)```", page, flags=re.DOTALL)
+    (group,) = yaml.safe_load(block)["groups"]
+    alerts = {rule["alert"]: rule for rule in group["rules"]}
+    assert {
+        "WsModeStoreFailing",
+        "WsModeMemoryBudgetNearFull",
+        "WsModeConnectionsNearLimit",
+    } <= set(alerts)
+    for rule in alerts.values():
+        assert re.search(r"\bws_mode_\w+", rule["expr"]), rule
+        assert rule["annotations"]["summary"]

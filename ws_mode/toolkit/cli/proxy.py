@@ -24,6 +24,7 @@ from .common import (
     add_server_arguments,
     run_server,
 )
+from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 
 __all__ = ["UPSTREAM_KEY_ENV", "add_command"]
 
@@ -81,6 +82,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=600.0,
         help="seconds to wait for the upstream on each read (default: %(default)g)",
     )
+    add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy)
 
 
@@ -122,7 +124,8 @@ def _proxy(args: argparse.Namespace) -> int:
             f'OpenAI(base_url="http://{origin}/v1", api_key={key_hint})'
         )
 
-    run_server(app, args, limits, banner, "proxy", lifespan="on")
+    served = serve_metrics(app, args.metrics)
+    run_server(served, args, limits, metrics_banner(banner, args.metrics), "proxy", lifespan="on")
     return 0
 
 

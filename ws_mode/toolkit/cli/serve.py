@@ -37,6 +37,7 @@ from .common import (
     store_argument,
     store_from_argument,
 )
+from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 
 __all__ = ["ENVIRONMENT", "ServeSettings", "add_command", "app_from_environment", "build_app"]
 
@@ -191,6 +192,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "app factory can serve it so). On shutdown the workers close their sockets at once "
         "(1012) instead of draining; clients continue from the store (default: %(default)s)",
     )
+    add_metrics_argument(serve)
     serve.set_defaults(run=functools.partial(_serve, serve))
 
 
@@ -254,6 +256,16 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    metrics: str | None = args.metrics
+    if workers > 1 and metrics is not None:
+        parser.print_usage(sys.stderr)
+        print(
+            f"{parser.prog}: error: --metrics cannot go with --workers {workers}: each worker "
+            "counts its own connections, and a scrape would reach one of them at random; run "
+            "one ws-mode serve per port, each scraped",
+            file=sys.stderr,
+        )
+        return 2
     full_context = settings.full_context
     shape = f"full_context={full_context}" + (f", {workers} workers" if workers > 1 else "")
     if settings.store:
@@ -267,7 +279,8 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
 
     if workers == 1:
-        run_server(settings.build(), args, limits, banner, "server")
+        app = serve_metrics(settings.build(), metrics)
+        run_server(app, args, limits, metrics_banner(banner, metrics), "server")
         return 0
     variables = settings.environment()
     with _environment(variables):
