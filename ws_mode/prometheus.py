@@ -8,8 +8,8 @@
 `metrics_app()` serves a registry (the default one unless told otherwise) into which it has
 registered, once, the collector of every middleware of the process (`MiddlewaresCollector`):
 no middleware instance to look up, and several middlewares told apart by their `middleware`
-label (`Stats.name`). `with_metrics(app)` answers `GET /metrics` with it beside any ASGI app;
-`ws-mode serve --metrics /metrics` and `ws-mode proxy --metrics /metrics` use it.
+label (`Stats.name`). `with_metrics(app)` answers HTTP requests to `/metrics` with it beside
+any ASGI app; `ws-mode serve --metrics /metrics` and `ws-mode proxy --metrics /metrics` use it.
 `register(middleware)` exports one middleware without the label (`StatsCollector`).
 
 Every metric is made from the table of `Stats.snapshot()`'s keys (`ws_mode._stats.METRICS`):
@@ -50,11 +50,11 @@ __all__ = [
 ]
 
 #: The label `MiddlewaresCollector` tells the middlewares of a process apart by.
-LABEL: Final = "middleware"
+_LABEL: Final = "middleware"
 #: The name a middleware without `stats.name` is labelled by (then `default-2`, ...).
-DEFAULT_NAME: Final = "default"
+_DEFAULT_NAME: Final = "default"
 #: The code label of `{prefix}_errors`.
-CODE_LABEL: Final = "code"
+_CODE_LABEL: Final = "code"
 #: Where Prometheus's naming differs from the snapshot key: a unit ends the name.
 _EXPORTED_AS: Final = {"turn_latency": "turn_seconds"}
 
@@ -82,7 +82,7 @@ def _families(
             if metric.key in snapshot
         ]
         if not given and not every:
-            continue  # the memory budget's numbers, without a budget
+            continue  # the memory budget's numbers without a budget; no middleware at all
         family: Metric
         if metric.kind == "histogram":
             histogram = HistogramMetricFamily(name, metric.help, labels=label_names)
@@ -91,7 +91,7 @@ def _families(
                 histogram.add_metric(labels, buckets, sum_value=latency["sum"])
             family = histogram
         elif metric.kind == "counters by code":
-            counters = CounterMetricFamily(name, metric.help, labels=[*label_names, CODE_LABEL])
+            counters = CounterMetricFamily(name, metric.help, labels=[*label_names, _CODE_LABEL])
             for labels, by_code in given:
                 for code, count in sorted(by_code.items()):
                     counters.add_metric([*labels, code], count)
@@ -131,12 +131,12 @@ class MiddlewaresCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshots = [([name], stats.snapshot()) for name, stats in _labelled(live_stats())]
-        return _families(self.prefix, (LABEL,), snapshots)
+        return _families(self.prefix, (_LABEL,), snapshots)
 
     def describe(self) -> Iterator[Metric]:
         """Every family this collector may give (its names: the registry refuses a second
         collector of the same names)."""
-        return _families(self.prefix, (LABEL,), [], every=True)
+        return _families(self.prefix, (_LABEL,), [], every=True)
 
 
 def _labelled(stats: Iterable[Stats]) -> list[tuple[str, Stats]]:
@@ -145,7 +145,7 @@ def _labelled(stats: Iterable[Stats]) -> list[tuple[str, Stats]]:
     taken: set[str] = set()
     result: list[tuple[str, Stats]] = []
     for each in stats:
-        base = each.name or DEFAULT_NAME
+        base = each.name or _DEFAULT_NAME
         name, copy = base, 1
         while name in taken:
             copy += 1
