@@ -233,7 +233,7 @@ class TurnRunner:
             else:
                 # The client has its terminal event; what the handler still does (a background
                 # task, logging) goes on without holding up the lane.
-                self.after.keep(call)
+                self.after.track(call)
         else:
             try:
                 call.result()
