@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 from ._cache import CachedResponse
-from ._handler_call import ClientGone
 from ._hooks import call_hook
 from ._logs import for_log
 from ._settings import Settings
+from ._socket import ClientGone
 from ._turn import Turn
 
 __all__ = ["AfterResponses"]

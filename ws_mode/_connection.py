@@ -26,11 +26,11 @@ from ._client_events import (
     SteerEvent,
 )
 from ._frames import held_cost, parse_frame
-from ._handler_call import ClientGone
 from ._lanes import Lanes
 from ._persistence import StoreLink, store_scope
 from ._protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
 from ._settings import Settings
+from ._socket import ClientGone
 from ._steering import accepted_event
 from ._turn_runner import TurnRunner
 
@@ -58,14 +58,6 @@ class Connection:
             max_bytes=self.limits.max_cached_bytes,
             budget=settings.budget,
         )
-        self.turns = TurnRunner(
-            settings,
-            scope,
-            self.cache,
-            send_text=self.send_text,
-            send_error=self.send_error,
-            before_successor=self._check_credentials,
-        )
         self.lanes = Lanes(
             self.limits,
             run=self._run_turn,
@@ -73,7 +65,7 @@ class Connection:
             ends_lane=(ClientGone,),
             budget=settings.budget,
         )
-        self.turns.request_done = self.lanes.let_go
+        self.turns = TurnRunner(settings, scope, self.cache, socket=self, lanes=self.lanes)
         self._send_gate = _SendGate()
         self._closed = False
         self._draining = False
@@ -301,7 +293,7 @@ class Connection:
         return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
 
     async def _on_steer(self, steer: SteerEvent) -> None:
-        await self._check_credentials()
+        await self.check_credentials()
         target = steer.previous_response_id
         active = next(
             (s for s in self.turns.streams if s.response_id == target and not s.finished), None
@@ -336,7 +328,7 @@ class Connection:
             )
         self.lanes.submit(create, cost)
 
-    async def _check_credentials(
+    async def check_credentials(
         self, give_back: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
@@ -377,7 +369,7 @@ class Connection:
 
     async def _run_turn(self, create: CreateEvent) -> None:
         try:
-            await self._check_credentials()  # as it starts: it may have waited in its lane
+            await self.check_credentials()  # as it starts: it may have waited in its lane
             await self.turns.run(create)
         finally:
             self._active_at = asyncio.get_running_loop().time()

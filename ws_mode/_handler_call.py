@@ -20,10 +20,10 @@ from ._events import lifecycle_events
 from ._headers import end_to_end, header
 from ._logs import for_log
 from ._protocol import error_event, server_error
+from ._socket import ClientGone
 from ._sse import SSEDecoder, content_type, is_event_stream
 
 __all__ = [
-    "ClientGone",
     "EventSink",
     "HandlerCall",
     "handler_headers",
@@ -36,10 +36,6 @@ logger = logging.getLogger(__name__)
 # Headers the synthetic request sets itself, and `accept-encoding` (a compressing middleware
 # inside would compress the event stream).
 _SET_HERE = (b"accept-encoding", b"content-length", b"content-type", b"accept", b"host")
-
-
-class ClientGone(OSError):
-    """The WebSocket client went away; raised from the handler's `send()`."""
 
 
 class EventSink(Protocol):

@@ -14,7 +14,6 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -25,10 +24,12 @@ from ._asgi import Scope
 from ._cache import CachedResponse, ResponseCache
 from ._client_events import CreateEvent, may_store
 from ._events import ResponseStream, lifecycle_events
-from ._handler_call import ClientGone, HandlerCall, handler_headers, http_scope
+from ._handler_call import HandlerCall, handler_headers, http_scope
+from ._lanes import Lanes
 from ._persistence import StoreLink, StoreUnavailable
-from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
+from ._protocol import error_event, not_found, server_error, store_unavailable
 from ._settings import Settings
+from ._socket import ClientGone, ClientSocket
 from ._stack import entry
 from ._steering import Outcome, SteerInbox, Steering
 from ._tokens import Tokens
@@ -45,10 +46,8 @@ TOOL_SETS = 64
 class TurnRunner:
     """Runs the turns of one connection against its cache.
 
-    `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
-    sends an error event of the connection's own; `before_successor(give_back)` runs before
-    each turn steering starts (the connection's credential check: it raises `ClientGone` to
-    refuse, after awaiting `give_back()`, which returns the successor's steering input).
+    The turns' events go out on `socket`, the connection's (`ws_mode._socket.ClientSocket`);
+    `lanes` hold what each request costs until its response is cached.
     """
 
     def __init__(
@@ -57,18 +56,16 @@ class TurnRunner:
         scope: Scope,
         cache: ResponseCache,
         *,
-        send_text: Callable[[str], Awaitable[None]],
-        send_error: Callable[[dict[str, Any]], Awaitable[None]],
-        before_successor: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
+        socket: ClientSocket,
+        lanes: Lanes,
     ) -> None:
         self.settings = settings
         self.limits = settings.limits
         self.stats = settings.stats
         self.scope = scope
         self.cache = cache
-        self.send_text = send_text
-        self.send_error = send_error
-        self._before_successor = before_successor
+        self.socket = socket
+        self.lanes = lanes
         self.principal: Any = None
         #: The store, when the middleware has one (`store=`), as this connection uses it.
         self.store: StoreLink | None = None
@@ -88,10 +85,6 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
-        #: Called with the request `run` was given once its response is about to be cached:
-        #: what the request held in the memory budget is let go first, so the two never
-        #: count at once (set by the connection: `Lanes.let_go`).
-        self.request_done: Callable[[CreateEvent], None] = lambda create: None
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -99,6 +92,7 @@ class TurnRunner:
         # Input queued behind the parent is committed by this create's response.created, or
         # returned if it fails before: kept until then, never dropped on the way.
         request = create
+        send = self.socket.send_event
         create, committing = self.steering.prepend_pending(create)
         while True:
             steerable = self.steering.enabled and self.steering.steerable(create)
@@ -106,24 +100,18 @@ class TurnRunner:
             outcome = await self._run_one(create, inbox, request)
             if committing:
                 created = outcome is not None and outcome.response_id is not None
-                await self.steering.settle(committing, created, create.stream_id, self._send_event)
+                await self.steering.settle(committing, created, create.stream_id, send)
                 committing = []
             if outcome is None or inbox is None:
                 return
-            follow = await self.steering.follow(create, outcome, self._send_event)
+            follow = await self.steering.follow(create, outcome, send)
             if follow is None:
                 return
             create, committing = follow
-            if self._before_successor is not None:
-                # A successor is work the credentials must allow; refused, its input goes back.
-                await self._before_successor(
-                    functools.partial(
-                        self.steering.settle, committing, False, create.stream_id, self._send_event
-                    )
-                )
-
-    async def _send_event(self, event: dict[str, Any]) -> None:
-        await self.send_text(encode_event(event))
+            # A successor is work the credentials must allow; refused, its input goes back.
+            await self.socket.check_credentials(
+                functools.partial(self.steering.settle, committing, False, create.stream_id, send)
+            )
 
     async def _run_one(
         self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
@@ -143,7 +131,7 @@ class TurnRunner:
                             create.previous_response_id, create.stream_id, self.cache
                         )
                     except StoreUnavailable:  # its detail is in the log, not for the client
-                        await self.send_error(
+                        await self.socket.send_error(
                             store_unavailable(create.previous_response_id, create.stream_id)
                         )
                         return None
@@ -152,7 +140,7 @@ class TurnRunner:
             else:
                 if self.settings.on_cache_miss != "forward":
                     why = self.cache.why_missing(create.previous_response_id)
-                    await self.send_error(
+                    await self.socket.send_error(
                         not_found(create.previous_response_id, create.stream_id, why)
                     )
                     return None
@@ -160,11 +148,11 @@ class TurnRunner:
         try:
             current, new_fragment, body = self._prepare(create, previous, forwarded, inbox)
         except Exception as exc:
-            await self.send_error(_unprepared(create, exc))
+            await self.socket.send_error(_unprepared(create, exc))
             return None
         if body is None:
             self.stats.warm_ups += 1
-            self.request_done(request)
+            self.lanes.let_go(request)
             await self._warm_up(create, current, new_fragment)
             return None
         self.stats.turns += 1
@@ -185,7 +173,7 @@ class TurnRunner:
                 remote=forwarded,
                 storable=_storable(create, response),
             )
-            self.request_done(request)
+            self.lanes.let_go(request)
             self._remember(node, current, output)
             self.after.start(node, current, response)
 
@@ -196,7 +184,7 @@ class TurnRunner:
                 self.cache.evict(previous.id)
 
         stream = ResponseStream(
-            send_text=self.send_text,
+            send_text=self.socket.send_text,
             stream_id=create.stream_id,
             previous_response_id=create.previous_response_id,
             on_finished=finished,
@@ -358,7 +346,7 @@ class TurnRunner:
         for event in lifecycle_events(response, in_progress=False):
             if create.stream_id is not None:
                 event["stream_id"] = create.stream_id
-            await self.send_text(encode_event(event))
+            await self.socket.send_event(event)
 
     # State kept across turns.
 

@@ -22,11 +22,11 @@ from starlette.types import Message, Receive, Scope, Send
 from ws_mode import Limits
 from ws_mode._events import ResponseStream
 from ws_mode._handler_call import (
-    ClientGone,
     HandlerCall,
     handler_headers,
     http_scope,
 )
+from ws_mode._socket import ClientGone
 
 # The SDK's event union has no pydantic discriminator: pick each event's model by its type.
 STREAM_EVENTS: dict[str, type[BaseModel]] = {
