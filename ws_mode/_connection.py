@@ -2,14 +2,16 @@
 
 The receive loop parses each frame into a client event; a bad frame gets an error event and
 the loop goes on. Creates go to the connection's lanes (`lanes.py`), which run each one
-through the turn runner (`turn_runner.py`). A watchdog ends a connection whose client stopped
-reading; the lifetime limit and a drain end it with 1001 so clients reconnect.
+through the turn runner (`turn_runner.py`); a steer goes to the turn runner too. A watchdog
+ends a connection whose client stopped reading; the lifetime limit and a drain end it with
+1001 so clients reconnect. Where the socket is in its life is one `SocketState`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections import deque
@@ -34,13 +36,40 @@ from ._socket import ClientGone
 from ._steering import accepted_event
 from ._turn_runner import TurnRunner
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "SocketState"]
 
 logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
+
+
+class SocketState(enum.Enum):
+    """Where a socket is in its life, as Starlette's `WebSocketState` but with what ws_mode
+    needs to know of how it ends. It only moves forward: CONNECTING, OPEN, then DRAINING when
+    the server shuts down, or REFUSING when its credentials are refused, then CLOSED, or
+    STALLED when the client stopped reading. No work starts once it is REFUSING or closed.
+    """
+
+    #: Upgraded; the accept is on its way.
+    CONNECTING = "connecting", False
+    #: Accepted: frames are read, requests run.
+    OPEN = "open", False
+    #: The server shuts down: what runs and waits finishes, new requests are refused.
+    DRAINING = "draining", False
+    #: The credentials were refused: the error goes out, then the close (1008).
+    REFUSING = "refusing", False
+    #: Closed, by either side.
+    CLOSED = "closed", True
+    #: Closed by the watchdog, the client having stopped reading: `run()` takes its own
+    #: cancellation as the end of the connection.
+    STALLED = "stalled", True
+
+    def __init__(self, label: str, closed: bool) -> None:
+        #: Nothing more is sent: a send raises `ClientGone`. (An attribute, not a property:
+        #: `send_text` reads it once per event.)
+        self.closed = closed
 
 
 class Connection:
@@ -67,15 +96,12 @@ class Connection:
         )
         self.turns = TurnRunner(settings, scope, self.cache, socket=self, lanes=self.lanes)
         self._send_gate = _SendGate()
-        self._closed = False
-        self._draining = False
+        self._state = SocketState.CONNECTING
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
-        self._stalled = False
         self._active_at = 0.0  # the loop time of the last frame or finished turn
         self._authenticated_at = 0.0
         self._owner: str | None = None  # whose stored responses this connection sees
-        self._refused = False  # the credentials were refused: nothing more runs
 
     # The socket.
 
@@ -92,6 +118,8 @@ class Connection:
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
         await self._send(accept)
+        if self._state is SocketState.CONNECTING:  # a drain may have come first
+            self._state = SocketState.OPEN
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.max_connection_seconds
         idle = self.limits.max_idle_seconds
@@ -135,13 +163,14 @@ class Connection:
         except ClientGone:
             return
         except asyncio.CancelledError:
-            if not self._stalled:
+            if self._state is not SocketState.STALLED:
                 raise
             # The watchdog ended a connection whose client stopped reading.
             self._run_task.uncancel()  # type: ignore[union-attr]
             return
         finally:
-            self._closed = True
+            if not self._state.closed:
+                self._state = SocketState.CLOSED
             watchdog.cancel()
             await self.lanes.stop()
             await self.turns.after.finish()
@@ -151,7 +180,8 @@ class Connection:
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`
         seconds, then close with 1001 so clients reconnect elsewhere."""
-        self._draining = True
+        if self._state in (SocketState.CONNECTING, SocketState.OPEN):
+            self._state = SocketState.DRAINING
         deadline = asyncio.get_running_loop().time() + grace
         while tasks := self.lanes.tasks():
             remaining = deadline - asyncio.get_running_loop().time()
@@ -171,9 +201,12 @@ class Connection:
         await self._close(GOING_AWAY, reason)
 
     async def _close(self, code: int, reason: str) -> None:
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
+        self._state = SocketState.CLOSED
+        await self._send_close(code, reason)
+
+    async def _send_close(self, code: int, reason: str) -> None:
         # A client that stopped reading may never let the close frame out: bound the wait,
         # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
@@ -182,7 +215,7 @@ class Connection:
 
     async def send_text(self, text: str) -> None:
         """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
-        if self._closed:
+        if self._state.closed:
             raise ClientGone("the WebSocket is closed")
         gate = self._send_gate
         if gate.held:
@@ -194,7 +227,8 @@ class Connection:
         try:
             await self._send({"type": "websocket.send", "text": text})
         except Exception as exc:  # servers raise OSError or their own errors here
-            self._closed = True
+            if not self._state.closed:
+                self._state = SocketState.CLOSED
             raise ClientGone("the WebSocket client went away") from exc
         finally:
             self._send_started = None
@@ -217,8 +251,10 @@ class Connection:
                 continue
             # The server's buffer is full and stays full.
             logger.warning("closing a WebSocket mode connection whose client stopped reading")
-            self._stalled = True
-            await self._close(POLICY_VIOLATION, "client too slow to read its events")
+            closed = self._state.closed
+            self._state = SocketState.STALLED
+            if not closed:
+                await self._send_close(POLICY_VIOLATION, "client too slow to read its events")
             # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
             # its own cancellation as the end of the connection.
             self.lanes.cancel()
@@ -318,7 +354,7 @@ class Connection:
     # Requests.
 
     def _submit(self, create: CreateEvent, cost: int = 0) -> None:
-        if self._draining:
+        if self._state is SocketState.DRAINING:
             raise ProtocolError(
                 "The server is shutting down; reconnect to continue.",
                 code="server_shutting_down",
@@ -333,11 +369,12 @@ class Connection:
     ) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
         starts (a turn, queued or steered; a steer). A refused principal, or one of another
-        store scope, gets an error event and a close (1008); `ClientGone` ends the work.
-        `give_back` runs first on a refusal: what the refused work held goes back to the
-        client (a successor's steering input) while the socket is still open."""
-        if self._refused:
-            raise ClientGone("the credentials were refused")
+        store scope, gets an error event and a close (1008); `ClientGone` ends the work, as it
+        does any work about to start on a socket refusing or closed. `give_back` runs first on
+        a refusal: what the refused work held goes back to the client (a successor's steering
+        input) while the socket is still open."""
+        if not self._takes_work():
+            raise ClientGone("the credentials were refused, or the WebSocket is closed")
         settings = self.settings
         hook, every = settings.authenticate, settings.reauthenticate_seconds
         now = asyncio.get_running_loop().time()
@@ -352,8 +389,8 @@ class Connection:
                 message = "The credentials now name another principal."
                 raise AuthenticationFailed(message, status=403)
         except AuthenticationFailed as exc:
-            if not self._refused:  # another turn's check may have refused them meanwhile
-                self._refused = True
+            if self._takes_work():  # else refused by another turn's check meanwhile, or closed
+                self._state = SocketState.REFUSING
                 if give_back is not None:
                     with contextlib.suppress(ClientGone):
                         await give_back()
@@ -366,6 +403,11 @@ class Connection:
             raise ClientGone("the credentials were refused") from None
         self.turns.principal = principal
         self._authenticated_at = now
+
+    def _takes_work(self) -> bool:
+        """Whether work may start: the socket is neither refusing its credentials nor closed."""
+        state = self._state
+        return state is not SocketState.REFUSING and not state.closed
 
     async def _run_turn(self, create: CreateEvent) -> None:
         try:
