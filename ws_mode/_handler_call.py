@@ -45,16 +45,14 @@ class EventSink(Protocol):
     #: Sends one frame to the client (raising `ClientGone` when it left).
     send_text: Callable[[str], Awaitable[None]]
 
-    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         """An event of the handler's SSE stream (the `event:` field, or None, and the data):
-        the frame that forwards it as it is, or the event decoded to go through
-        `handler_event`, or None when it is no JSON object."""
+        the frame that forwards it as it is, or an event to go through `event` (the one
+        decoded, or an error when it is no JSON object)."""
 
-    async def handler_event(self, event: dict[str, Any] | None) -> None:
-        """An event `frame` decoded (or None, for one that was no JSON object)."""
-
-    async def event(self, event: dict[str, Any]) -> None:
-        """An event ws_mode built (from a JSON answer, or an error)."""
+    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+        """An event as an object: one `frame` gave (`from_handler`), or one ws_mode built
+        (from a JSON answer, or an error)."""
 
 
 def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -180,7 +178,7 @@ class HandlerCall:
                         if isinstance(framed, str):
                             await sink.send_text(framed)
                         else:
-                            await sink.handler_event(framed)
+                            await sink.event(framed, from_handler=True)
                 except ClientGone:
                     self._client_gone = True
                     raise

@@ -14,6 +14,7 @@ import functools
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -157,38 +158,11 @@ class TurnRunner:
             return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
-
-        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
-            node = CachedResponse(
-                size=size,
-                id=response["id"],
-                response=response,
-                input_items=create.items,
-                output_items=output,
-                parent=previous,
-                stream_id=create.stream_id,
-                tools_digest=current.tools_digest,
-                artifacts=current.artifacts,
-                input_fragment=new_fragment,
-                remote=forwarded,
-                storable=_storable(create, response),
-            )
-            self.lanes.let_go(request)
-            self._remember(node, current, output)
-            self.after.start(node, current, response)
-
-        def failed() -> None:
-            # A failed continuation on the parent's own lane drops the parent
-            # (docs/protocol.md, "Conversation state").
-            if previous is not None and previous.stream_id == create.stream_id:
-                self.cache.evict(previous.id)
-
         stream = ResponseStream(
-            send_text=self.socket.send_text,
+            self.socket,
+            _TurnInFlight(self, create, request, current, new_fragment, forwarded),
             stream_id=create.stream_id,
             previous_response_id=create.previous_response_id,
-            on_finished=finished,
-            on_failed=failed,
             inbox=inbox,
         )
         scope = http_scope(
@@ -341,7 +315,7 @@ class TurnRunner:
             input_fragment=new_fragment,
             storable=_storable(create, response),
         )
-        self._remember(node, current, [], write=False)
+        self.cache_response(node, current, [], write=False)
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
         for event in lifecycle_events(response, in_progress=False):
             if create.stream_id is not None:
@@ -356,7 +330,7 @@ class TurnRunner:
             artifacts = self._tool_artifacts[digest] = {}
         return artifacts
 
-    def _remember(
+    def cache_response(
         self,
         node: CachedResponse,
         current: Turn,
@@ -378,6 +352,53 @@ class TurnRunner:
             # Started now, before the terminal event goes out; the process owns the write,
             # so the connection closing never cancels it.
             self.store.write(node)
+
+
+@dataclass(slots=True, eq=False)
+class _TurnInFlight:
+    """One turn while its handler answers, as its stream's `ResponseOwner`: the response that
+    finished is cached before the client hears it did; a failed one drops the parent it
+    continued on that parent's own lane."""
+
+    runner: TurnRunner
+    create: CreateEvent
+    #: The request the client sent, whose cost the lanes hold until the response is cached
+    #: (`create` is what runs: it with steering input prepended, or a successor).
+    request: CreateEvent
+    current: Turn
+    new_fragment: bytes
+    #: The parent is not cached here: the handler resolves `previous_response_id` itself.
+    forwarded: bool
+
+    def response_finished(
+        self, response: dict[str, Any], output: list[dict[str, Any]], size: int
+    ) -> None:
+        create, current, runner = self.create, self.current, self.runner
+        node = CachedResponse(
+            size=size,
+            id=response["id"],
+            response=response,
+            input_items=create.items,
+            output_items=output,
+            parent=current.previous,
+            stream_id=create.stream_id,
+            tools_digest=current.tools_digest,
+            artifacts=current.artifacts,
+            input_fragment=self.new_fragment,
+            remote=self.forwarded,
+            storable=_storable(create, response),
+        )
+        # What the request held is let go first, so the two never count at once.
+        runner.lanes.let_go(self.request)
+        runner.cache_response(node, current, output)
+        runner.after.start(node, current, response)
+
+    def response_failed(self) -> None:
+        # A failed continuation on the parent's own lane drops the parent
+        # (docs/protocol.md, "Conversation state").
+        previous = self.current.previous
+        if previous is not None and previous.stream_id == self.create.stream_id:
+            self.runner.cache.evict(previous.id)
 
 
 def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:
