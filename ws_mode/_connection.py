@@ -33,7 +33,6 @@ from ._persistence import StoreLink, store_scope
 from ._protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
 from ._settings import Settings
 from ._socket import ClientGone
-from ._steering import accepted_event
 from ._turn_runner import TurnRunner
 
 __all__ = ["Connection", "SocketState"]
@@ -173,9 +172,8 @@ class Connection:
                 self._state = SocketState.CLOSED
             watchdog.cancel()
             await self.lanes.stop()
-            await self.turns.after.finish()
+            await self.turns.close()
             self.cache.clear()
-            self.turns.steering.close()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`
@@ -330,26 +328,7 @@ class Connection:
 
     async def _on_steer(self, steer: SteerEvent) -> None:
         await self.check_credentials()
-        target = steer.previous_response_id
-        active = next(
-            (s for s in self.turns.streams if s.response_id == target and not s.finished), None
-        )
-        node = self.cache.get(target) if active is None else None
-        lane = active.stream_id if active is not None else node.stream_id if node else None
-        result = self.turns.steering.accept(
-            steer,
-            active.inbox if active is not None else None,
-            lane,
-            streaming=active is not None,
-            known=node is not None,
-        )
-        if isinstance(result, dict):
-            await self.send_event(result)
-            return
-        assert active is not None  # accepted: the response is streaming
-        event = accepted_event(result, lane)
-        event["sequence_number"] = active.next_sequence_number()
-        await self.send_event(event)
+        await self.send_event(self.turns.steer(steer))
 
     # Requests.
 

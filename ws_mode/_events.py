@@ -177,24 +177,12 @@ class ResponseStream:
                 self.owner.response_failed()
         self._sent += 1
         await self.send_text(text)
-        if kind == "response.output_item.done" and self.inbox is not None and self.inbox.cuts:
-            await self._cut()
-
-    async def _cut(self) -> None:
-        """End the response here for the steering input queued, unless an item the client
-        must answer is out (steering never cancels tools)."""
-        tap = self.tap
-        if tap.client_calls or tap.started is None or self.finished:
-            return
-        response = {
-            **tap.started,
-            "status": "incomplete",
-            "incomplete_details": {"reason": "steered"},
-            "output": tap.items_so_far(),
-        }
-        self.steered = True
-        cut = {"type": "response.incomplete", "sequence_number": self._sent, "response": response}
-        await self.event(cut)
+        if kind == "response.output_item.done" and self.inbox is not None:
+            # A safe boundary: the response ends here when steering input waits for it.
+            cut = self.inbox.cut(tap, self._sent)
+            if cut is not None:
+                self.steered = True
+                await self.event(cut)
 
 
 def _not_a_json_object() -> dict[str, Any]:

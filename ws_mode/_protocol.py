@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 __all__ = [
+    "CLIENT_CALLS",
     "DECODED_EVENTS",
     "FAILURE_EVENTS",
     "RESPONSE_EVENTS",
@@ -57,6 +58,18 @@ SUCCESS_EVENTS = frozenset({"response.completed", "response.incomplete"})
 FAILURE_EVENTS = frozenset({"response.failed", "error"})
 #: Every event that ends a response.
 TERMINAL_EVENTS = SUCCESS_EVENTS | FAILURE_EVENTS
+#: Output items the client answers (a tool it runs, an approval it gives), each with the type
+#: of its answer: a response is never cut for steering after one, and one that ends with any
+#: waits for the client (`response.steer.pending`).
+CLIENT_CALLS: Final = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "mcp_approval_request": "mcp_approval_response",
+}
 #: Events whose JSON the middleware decodes on the way through; the rest pass as they are.
 DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
 #: The terminal event a finished response object's `status` calls for.

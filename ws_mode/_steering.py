@@ -23,6 +23,11 @@ acceptance until it is committed, returned or dropped.
 
 A handler may take the input itself instead: `Turn.claim_steering()` early in the turn, then
 `Turn.take_steering()` between tokens. Steering input lives on the connection only.
+
+The turn runner is the one caller of a connection's :class:`Steering`: it has steers answered
+there, opens each steerable response's :class:`SteerInbox` there, and asks it what follows a
+response that had input queued. The rest ask the inbox: the response's stream whether to cut
+the response (`SteerInbox.cut`), the handler's `Turn` for the input it claimed.
 """
 
 from __future__ import annotations
@@ -41,10 +46,16 @@ from ._cache import decoded_size
 from ._client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
 from ._items import Items
 from ._limits import Limits
-from ._protocol import MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES, quoted_id, steer_failed_event
+from ._protocol import (
+    CLIENT_CALLS,
+    MEMORY_BUDGET_EXCEEDED,
+    STEER_MESSAGES,
+    quoted_id,
+    steer_failed_event,
+)
+from ._tap import ResponseTap
 
 __all__ = [
-    "CLIENT_CALLS",
     "MAX_WAITING_RESPONSES",
     "Outcome",
     "Steer",
@@ -57,18 +68,6 @@ __all__ = [
 #: many, the oldest one's input is dropped (a client that never continued it). What that
 #: input may cost is bounded by `Limits.max_steer_bytes`; this only bounds the bookkeeping.
 MAX_WAITING_RESPONSES: Final = 256
-
-#: Output items the client answers (a tool it runs, an approval it gives): a response is never
-#: cut after one, and one that ends with any waits for the client (`response.steer.pending`).
-CLIENT_CALLS: Final = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-    "mcp_approval_request": "mcp_approval_response",
-}
 
 
 @dataclass(slots=True)
@@ -106,6 +105,10 @@ class SteerInbox:
         self.steers.append(steer)
         self.arrived.set()
 
+    def claim(self) -> None:
+        """The handler takes the input itself (`take`): the response is not cut for it."""
+        self.claimed = True
+
     def take(self) -> list[Steer]:
         """Everything queued, in submission order, for a handler that applies it itself; the
         inbox is empty afterwards."""
@@ -124,6 +127,25 @@ class SteerInbox:
     def cuts(self) -> bool:
         """Whether the response is to end at its next safe boundary."""
         return bool(self.steers) and not self.claimed
+
+    def cut(self, tap: ResponseTap, sequence_number: int) -> dict[str, Any] | None:
+        """Asked after an output item finished: the `response.incomplete` (numbered
+        `sequence_number`) that ends the response here for the input queued, or None when it
+        goes on: nothing waits for it to end, an item the client must answer is out (steering
+        never cancels tools), or the response has not started or has ended."""
+        if not self.cuts or tap.client_calls or tap.started is None or tap.finished:
+            return None
+        response = {
+            **tap.started,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "steered"},
+            "output": tap.items_so_far(),
+        }
+        return {
+            "type": "response.incomplete",
+            "sequence_number": sequence_number,
+            "response": response,
+        }
 
 
 def required_input(output: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,8 +185,12 @@ class Steering:
         """What the steering input waiting on this connection costs (`max_steer_bytes`)."""
         return sum(self._held.values())
 
-    def inbox(self) -> SteerInbox:
-        """A new response's inbox; what its handler takes there stops counting."""
+    def inbox_for(self, create: CreateEvent) -> SteerInbox | None:
+        """The inbox of the response `create` asks for, where steers for it are queued (what
+        its handler takes there stops counting); None when steering is off or that response
+        may not be steered."""
+        if not self.enabled or not self.steerable(create):
+            return None
         return SteerInbox(applied=self.release)
 
     def release(self, steers: Iterable[Steer]) -> None:
@@ -338,11 +364,12 @@ def _with_input(
     )
 
 
-def accepted_event(steer: Steer, lane: str | None) -> dict[str, Any]:
-    """`response.steer.accepted`: the input is queued (not yet applied)."""
+def accepted_event(steer: Steer, lane: str | None, sequence_number: int) -> dict[str, Any]:
+    """`response.steer.accepted`: the input is queued (not yet applied); numbered among the
+    events of the response it steers."""
     event: dict[str, Any] = {
         "type": "response.steer.accepted",
-        "sequence_number": 0,
+        "sequence_number": sequence_number,
         "steer": {"id": steer.id, "previous_response_id": steer.target},
     }
     if lane is not None:

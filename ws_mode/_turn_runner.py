@@ -1,10 +1,13 @@
 """One turn, from a validated `response.create` to its cached response.
 
 The runner resolves `previous_response_id` in the connection's cache, builds the `Turn` and
-the handler's request, runs the in-process handler call with the events flowing to the socket,
-and on the terminal event caches the response. It also answers `generate: false` warm-ups and
-starts the work that follows a response (rendering its output, the `on_response` hook) off
-the next turn's path.
+the handler's request, and runs the in-process handler call (`ws_mode._handler_call`), whose
+events flow through the turn's `ResponseStream` to the socket; the stream tells the turn in
+flight when the response ended, and a finished one is cached before the client hears it. The
+runner also answers `generate: false` warm-ups, starts the work that follows a response
+(rendering its output, the `on_response` hook) off the next turn's path, and is the one caller
+of the connection's steering (`ws_mode._steering`): it answers steers, and runs the successor
+turns steering input calls for.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from cachetools import LRUCache
 from ._after_response import AfterResponses
 from ._asgi import Scope
 from ._cache import CachedResponse, ResponseCache
-from ._client_events import CreateEvent, may_store
+from ._client_events import CreateEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
@@ -32,7 +35,7 @@ from ._protocol import error_event, not_found, server_error, store_unavailable
 from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
-from ._steering import Outcome, SteerInbox, Steering
+from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
 from ._turn import Turn, build_body, tools_digest
 
@@ -47,8 +50,9 @@ TOOL_SETS = 64
 class TurnRunner:
     """Runs the turns of one connection against its cache.
 
-    The turns' events go out on `socket`, the connection's (`ws_mode._socket.ClientSocket`);
-    `lanes` hold what each request costs until its response is cached.
+    The turns' events go out on `socket`, the connection's (`ws_mode._socket.ClientSocket`),
+    which checks the credentials before a successor starts; `lanes` hold what each request
+    costs until its response is cached.
     """
 
     def __init__(
@@ -96,8 +100,7 @@ class TurnRunner:
         send = self.socket.send_event
         create, committing = self.steering.prepend_pending(create)
         while True:
-            steerable = self.steering.enabled and self.steering.steerable(create)
-            inbox = self.steering.inbox() if steerable else None
+            inbox = self.steering.inbox_for(create)
             outcome = await self._run_one(create, inbox, request)
             if committing:
                 created = outcome is not None and outcome.response_id is not None
@@ -113,6 +116,32 @@ class TurnRunner:
             await self.socket.check_credentials(
                 functools.partial(self.steering.settle, committing, False, create.stream_id, send)
             )
+
+    def steer(self, steer: SteerEvent) -> dict[str, Any]:
+        """The answer to a `response.steer`: `response.steer.accepted` once its input is queued
+        in the response streaming now (numbered among that response's events), else
+        `response.steer.failed`."""
+        target = steer.previous_response_id
+        active = next((s for s in self.streams if s.response_id == target and not s.finished), None)
+        node = self.cache.get(target) if active is None else None
+        lane = active.stream_id if active is not None else node.stream_id if node else None
+        result = self.steering.accept(
+            steer,
+            active.inbox if active is not None else None,
+            lane,
+            streaming=active is not None,
+            known=node is not None,
+        )
+        if isinstance(result, dict):
+            return result
+        assert active is not None  # accepted: the response is streaming
+        return accepted_event(result, lane, active.next_sequence_number())
+
+    async def close(self) -> None:
+        """The connection ended: give the work after its responses its grace period; what
+        steering input still waits is dropped."""
+        await self.after.finish()
+        self.steering.close()
 
     async def _run_one(
         self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
