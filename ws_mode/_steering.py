@@ -43,16 +43,10 @@ import orjson
 
 from ._budget import MemoryBudget
 from ._cache import decoded_size
-from ._client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
+from ._client_events import CreateEvent, SteerEvent, text_input
 from ._items import Items
 from ._limits import Limits
-from ._protocol import (
-    CLIENT_CALLS,
-    MEMORY_BUDGET_EXCEEDED,
-    STEER_MESSAGES,
-    quoted_id,
-    steer_failed_event,
-)
+from ._protocol import CLIENT_CALLS, MEMORY_BUDGET_EXCEEDED, memory_budget_message, quoted_id
 from ._tap import ResponseTap
 
 __all__ = [
@@ -62,12 +56,61 @@ __all__ = [
     "SteerInbox",
     "Steering",
     "required_input",
+    "steer_failed_event",
+    "steer_input_problem",
 ]
 
 #: Responses that may hold steering input waiting for the client's tool output; past this
 #: many, the oldest one's input is dropped (a client that never continued it). What that
 #: input may cost is bounded by `Limits.max_steer_bytes`; this only bounds the bookkeeping.
 MAX_WAITING_RESPONSES: Final = 256
+
+#: The message of each `response.steer.failed` code.
+STEER_MESSAGES = {
+    "invalid_input": "The steering input is invalid: {detail}",
+    "response_not_found": "Response with id '{id}' is not available on this connection.",
+    "steering_not_supported": "Steering is switched off on this server.",
+    "not_steerable": "Responses bound to a conversation or using automatic compaction "
+    "(context_management) cannot be steered.",
+    "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
+    "steering input.",
+    "too_many_pending_steers": "Too much steering input is pending: at most {limit} submissions "
+    "for one response (Limits.max_pending_steers), {bytes} bytes for the connection counted "
+    "decoded (Limits.max_steer_bytes).",
+    MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
+    "response_not_active": "The response ended before the steering input could be applied.",
+    "successor_creation_failed": "The response continuing with the steering input could not "
+    "be created.",
+}
+
+
+_STEER_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
+
+
+def steer_input_problem(value: Any) -> str | None:
+    """Why `value` is not valid steering input (user messages only), or None when it is."""
+    if isinstance(value, str):
+        return None if value else "the input string is empty."
+    if not isinstance(value, list) or not value:
+        return "'input' must be a string or a non-empty array of user messages."
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            return f"input[{index}] is not an object."
+        if item.get("type", "message") != "message" or item.get("role") != "user":
+            return f"input[{index}] is not a user message; only user messages can steer."
+        if set(item) - {"type", "role", "content"}:
+            return f"input[{index}] may only have 'type', 'role' and 'content'."
+        content = item.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list) or not all(
+            isinstance(part, dict) and part.get("type") in _STEER_PART_TYPES for part in content
+        ):
+            return (
+                f"input[{index}].content must be a string or an array of input_text, "
+                "input_image and input_file parts."
+            )
+    return None
 
 
 @dataclass(slots=True)
@@ -397,4 +440,26 @@ def not_committed(steer: Steer, code: str, lane: str | None) -> dict[str, Any]:
         code, steer.target, steer.input, STEER_MESSAGES[code], stream_id=lane
     )
     event["steer"]["id"] = steer.id
+    return event
+
+
+def steer_failed_event(
+    code: str,
+    previous_response_id: str,
+    input: Any,
+    message: str,
+    *,
+    stream_id: str | None = None,
+) -> dict[str, Any]:
+    """A `response.steer.failed` event returning the uncommitted input to the client; it
+    carries the target response's lane when that is known."""
+    kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
+    event: dict[str, Any] = {
+        "type": "response.steer.failed",
+        "sequence_number": 0,
+        "error": {"type": kind, "code": code, "message": message},
+        "steer": {"previous_response_id": previous_response_id, "input": input},
+    }
+    if stream_id is not None:
+        event["stream_id"] = stream_id
     return event
