@@ -45,30 +45,25 @@ POLICY_VIOLATION = 1008
 
 
 class SocketState(enum.Enum):
-    """Where a socket is in its life, as Starlette's `WebSocketState` but with what ws_mode
-    needs to know of how it ends. It only moves forward: CONNECTING, OPEN, then DRAINING when
-    the server shuts down, or REFUSING when its credentials are refused, then CLOSED, or
-    STALLED when the client stopped reading. No work starts once it is REFUSING or closed.
-    """
+    """Where a socket is in its life, as Starlette's `WebSocketState`. It only moves forward:
+    CONNECTING, OPEN, then DRAINING when the server shuts down, or REFUSING when the
+    credentials are refused, then CLOSED. No work starts once it is REFUSING or CLOSED."""
 
     #: Upgraded; the accept is on its way.
-    CONNECTING = "connecting", False
+    CONNECTING = "connecting"
     #: Accepted: frames are read, requests run.
-    OPEN = "open", False
+    OPEN = "open"
     #: The server shuts down: what runs and waits finishes, new requests are refused.
-    DRAINING = "draining", False
+    DRAINING = "draining"
     #: The credentials were refused: the error goes out, then the close (1008).
-    REFUSING = "refusing", False
-    #: Closed, by either side.
-    CLOSED = "closed", True
-    #: Closed by the watchdog, the client having stopped reading: `run()` takes its own
-    #: cancellation as the end of the connection.
-    STALLED = "stalled", True
+    REFUSING = "refusing"
+    #: Closed, by either side: a send raises `ClientGone`.
+    CLOSED = "closed"
 
-    def __init__(self, label: str, closed: bool) -> None:
-        #: Nothing more is sent: a send raises `ClientGone`. (An attribute, not a property:
-        #: `send_text` reads it once per event.)
-        self.closed = closed
+
+#: `SocketState.CLOSED` for `send_text`, which looks once per event: a module global is read
+#: faster than an enum's attribute.
+_CLOSED = SocketState.CLOSED
 
 
 class Connection:
@@ -162,14 +157,13 @@ class Connection:
         except ClientGone:
             return
         except asyncio.CancelledError:
-            if self._state is not SocketState.STALLED:
+            if not watchdog.done():  # it returns once it has closed a stalled connection
                 raise
             # The watchdog ended a connection whose client stopped reading.
             self._run_task.uncancel()  # type: ignore[union-attr]
             return
         finally:
-            if not self._state.closed:
-                self._state = SocketState.CLOSED
+            self._state = SocketState.CLOSED
             watchdog.cancel()
             await self.lanes.stop()
             await self.turns.close()
@@ -199,12 +193,9 @@ class Connection:
         await self._close(GOING_AWAY, reason)
 
     async def _close(self, code: int, reason: str) -> None:
-        if self._state.closed:
+        if self._state is SocketState.CLOSED:
             return
         self._state = SocketState.CLOSED
-        await self._send_close(code, reason)
-
-    async def _send_close(self, code: int, reason: str) -> None:
         # A client that stopped reading may never let the close frame out: bound the wait,
         # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
@@ -213,7 +204,7 @@ class Connection:
 
     async def send_text(self, text: str) -> None:
         """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
-        if self._state.closed:
+        if self._state is _CLOSED:
             raise ClientGone("the WebSocket is closed")
         gate = self._send_gate
         if gate.held:
@@ -225,8 +216,7 @@ class Connection:
         try:
             await self._send({"type": "websocket.send", "text": text})
         except Exception as exc:  # servers raise OSError or their own errors here
-            if not self._state.closed:
-                self._state = SocketState.CLOSED
+            self._state = _CLOSED
             raise ClientGone("the WebSocket client went away") from exc
         finally:
             self._send_started = None
@@ -249,10 +239,7 @@ class Connection:
                 continue
             # The server's buffer is full and stays full.
             logger.warning("closing a WebSocket mode connection whose client stopped reading")
-            closed = self._state.closed
-            self._state = SocketState.STALLED
-            if not closed:
-                await self._send_close(POLICY_VIOLATION, "client too slow to read its events")
+            await self._close(POLICY_VIOLATION, "client too slow to read its events")
             # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
             # its own cancellation as the end of the connection.
             self.lanes.cancel()
@@ -386,7 +373,7 @@ class Connection:
     def _takes_work(self) -> bool:
         """Whether work may start: the socket is neither refusing its credentials nor closed."""
         state = self._state
-        return state is not SocketState.REFUSING and not state.closed
+        return state is not SocketState.REFUSING and state is not SocketState.CLOSED
 
     async def _run_turn(self, create: CreateEvent) -> None:
         try:
