@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 from ._cache import CachedResponse
-from ._handler_call import ClientGone
 from ._hooks import call_hook
 from ._logs import for_log
 from ._settings import Settings
+from ._socket import ClientGone
 from ._turn import Turn
 
 __all__ = ["AfterResponses"]
@@ -32,9 +32,9 @@ class AfterResponses:
         """Start the work that follows a finished response, without waiting for it."""
         if self.settings.renderer is None and self.settings.on_response is None:
             return
-        self.keep(asyncio.create_task(self._run(node, current, response)))
+        self.track(asyncio.create_task(self._run(node, current, response)))
 
-    def keep(self, task: asyncio.Task[None]) -> None:
+    def track(self, task: asyncio.Task[None]) -> None:
         """Track work that outlives its turn, so the connection can finish it on close."""
         self._tasks.add(task)
         task.add_done_callback(_log_failure)

@@ -23,7 +23,6 @@ __all__ = [
     "SteerEvent",
     "may_store",
     "parse_client_event",
-    "steer_input_problem",
     "store_problem",
     "text_input",
 ]
@@ -339,32 +338,3 @@ def may_store(requested: Any, response: Any) -> bool:
 def text_input(text: str) -> list[dict[str, Any]]:
     """A string `input` as the items it stands for: one user message."""
     return [{"role": "user", "content": text}]
-
-
-_STEER_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
-
-
-def steer_input_problem(value: Any) -> str | None:
-    """Why `value` is not valid steering input (user messages only), or None when it is."""
-    if isinstance(value, str):
-        return None if value else "the input string is empty."
-    if not isinstance(value, list) or not value:
-        return "'input' must be a string or a non-empty array of user messages."
-    for index, item in enumerate(value):
-        if not isinstance(item, dict):
-            return f"input[{index}] is not an object."
-        if item.get("type", "message") != "message" or item.get("role") != "user":
-            return f"input[{index}] is not a user message; only user messages can steer."
-        if set(item) - {"type", "role", "content"}:
-            return f"input[{index}] may only have 'type', 'role' and 'content'."
-        content = item.get("content")
-        if isinstance(content, str):
-            continue
-        if not isinstance(content, list) or not all(
-            isinstance(part, dict) and part.get("type") in _STEER_PART_TYPES for part in content
-        ):
-            return (
-                f"input[{index}].content must be a string or an array of input_text, "
-                "input_image and input_file parts."
-            )
-    return None

@@ -2,14 +2,16 @@
 
 The receive loop parses each frame into a client event; a bad frame gets an error event and
 the loop goes on. Creates go to the connection's lanes (`lanes.py`), which run each one
-through the turn runner (`turn_runner.py`). A watchdog ends a connection whose client stopped
-reading; the lifetime limit and a drain end it with 1001 so clients reconnect.
+through the turn runner (`turn_runner.py`); a steer goes to the turn runner too. A watchdog
+ends a connection whose client stopped reading; the lifetime limit and a drain end it with
+1001 so clients reconnect. Where the socket is in its life is one `SocketState`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections import deque
@@ -26,21 +28,42 @@ from ._client_events import (
     SteerEvent,
 )
 from ._frames import held_cost, parse_frame
-from ._handler_call import ClientGone
 from ._lanes import Lanes
 from ._persistence import StoreLink, store_scope
 from ._protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
 from ._settings import Settings
-from ._steering import accepted_event
+from ._socket import ClientGone
 from ._turn_runner import TurnRunner
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "SocketState"]
 
 logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
+
+
+class SocketState(enum.Enum):
+    """Where a socket is in its life, as Starlette's `WebSocketState`. It only moves forward:
+    CONNECTING, OPEN, then DRAINING when the server shuts down, or REFUSING when the
+    credentials are refused, then CLOSED. No work starts once it is REFUSING or CLOSED."""
+
+    #: Upgraded; the accept is on its way.
+    CONNECTING = "connecting"
+    #: Accepted: frames are read, requests run.
+    OPEN = "open"
+    #: The server shuts down: what runs and waits finishes, new requests are refused.
+    DRAINING = "draining"
+    #: The credentials were refused: the error goes out, then the close (1008).
+    REFUSING = "refusing"
+    #: Closed, by either side: a send raises `ClientGone`.
+    CLOSED = "closed"
+
+
+#: `SocketState.CLOSED` for `send_text`, which looks once per event: a module global is read
+#: faster than an enum's attribute.
+_CLOSED = SocketState.CLOSED
 
 
 class Connection:
@@ -58,14 +81,6 @@ class Connection:
             max_bytes=self.limits.max_cached_bytes,
             budget=settings.budget,
         )
-        self.turns = TurnRunner(
-            settings,
-            scope,
-            self.cache,
-            send_text=self.send_text,
-            send_error=self.send_error,
-            before_successor=self._check_credentials,
-        )
         self.lanes = Lanes(
             self.limits,
             run=self._run_turn,
@@ -73,17 +88,14 @@ class Connection:
             ends_lane=(ClientGone,),
             budget=settings.budget,
         )
-        self.turns.request_done = self.lanes.let_go
+        self.turns = TurnRunner(settings, scope, self.cache, socket=self, lanes=self.lanes)
         self._send_gate = _SendGate()
-        self._closed = False
-        self._draining = False
+        self._state = SocketState.CONNECTING
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
-        self._stalled = False
         self._active_at = 0.0  # the loop time of the last frame or finished turn
         self._authenticated_at = 0.0
         self._owner: str | None = None  # whose stored responses this connection sees
-        self._refused = False  # the credentials were refused: nothing more runs
 
     # The socket.
 
@@ -100,6 +112,8 @@ class Connection:
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
         await self._send(accept)
+        if self._state is SocketState.CONNECTING:  # a drain may have come first
+            self._state = SocketState.OPEN
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.max_connection_seconds
         idle = self.limits.max_idle_seconds
@@ -143,23 +157,23 @@ class Connection:
         except ClientGone:
             return
         except asyncio.CancelledError:
-            if not self._stalled:
+            if not watchdog.done():  # it returns once it has closed a stalled connection
                 raise
             # The watchdog ended a connection whose client stopped reading.
             self._run_task.uncancel()  # type: ignore[union-attr]
             return
         finally:
-            self._closed = True
+            self._state = SocketState.CLOSED
             watchdog.cancel()
             await self.lanes.stop()
-            await self.turns.after.finish()
+            await self.turns.close()
             self.cache.clear()
-            self.turns.steering.close()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`
         seconds, then close with 1001 so clients reconnect elsewhere."""
-        self._draining = True
+        if self._state in (SocketState.CONNECTING, SocketState.OPEN):
+            self._state = SocketState.DRAINING
         deadline = asyncio.get_running_loop().time() + grace
         while tasks := self.lanes.tasks():
             remaining = deadline - asyncio.get_running_loop().time()
@@ -179,9 +193,9 @@ class Connection:
         await self._close(GOING_AWAY, reason)
 
     async def _close(self, code: int, reason: str) -> None:
-        if self._closed:
+        if self._state is SocketState.CLOSED:
             return
-        self._closed = True
+        self._state = SocketState.CLOSED
         # A client that stopped reading may never let the close frame out: bound the wait,
         # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
@@ -190,7 +204,7 @@ class Connection:
 
     async def send_text(self, text: str) -> None:
         """Send one frame; raise `ClientGone` when the client has left or stopped reading."""
-        if self._closed:
+        if self._state is _CLOSED:
             raise ClientGone("the WebSocket is closed")
         gate = self._send_gate
         if gate.held:
@@ -202,7 +216,7 @@ class Connection:
         try:
             await self._send({"type": "websocket.send", "text": text})
         except Exception as exc:  # servers raise OSError or their own errors here
-            self._closed = True
+            self._state = _CLOSED
             raise ClientGone("the WebSocket client went away") from exc
         finally:
             self._send_started = None
@@ -225,7 +239,6 @@ class Connection:
                 continue
             # The server's buffer is full and stays full.
             logger.warning("closing a WebSocket mode connection whose client stopped reading")
-            self._stalled = True
             await self._close(POLICY_VIOLATION, "client too slow to read its events")
             # The stuck send is in a lane or in the receive loop: end them all. `run()` takes
             # its own cancellation as the end of the connection.
@@ -301,32 +314,13 @@ class Connection:
         return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
 
     async def _on_steer(self, steer: SteerEvent) -> None:
-        await self._check_credentials()
-        target = steer.previous_response_id
-        active = next(
-            (s for s in self.turns.streams if s.response_id == target and not s.finished), None
-        )
-        node = self.cache.get(target) if active is None else None
-        lane = active.stream_id if active is not None else node.stream_id if node else None
-        result = self.turns.steering.accept(
-            steer,
-            active.inbox if active is not None else None,
-            lane,
-            streaming=active is not None,
-            known=node is not None,
-        )
-        if isinstance(result, dict):
-            await self.send_event(result)
-            return
-        assert active is not None  # accepted: the response is streaming
-        event = accepted_event(result, lane)
-        event["sequence_number"] = active.next_sequence_number()
-        await self.send_event(event)
+        await self.check_credentials()
+        await self.send_event(self.turns.steer(steer))
 
     # Requests.
 
     def _submit(self, create: CreateEvent, cost: int = 0) -> None:
-        if self._draining:
+        if self._state is SocketState.DRAINING:
             raise ProtocolError(
                 "The server is shutting down; reconnect to continue.",
                 code="server_shutting_down",
@@ -336,16 +330,17 @@ class Connection:
             )
         self.lanes.submit(create, cost)
 
-    async def _check_credentials(
+    async def check_credentials(
         self, give_back: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Run `authenticate` again when `reauthenticate_seconds` have passed, before work
         starts (a turn, queued or steered; a steer). A refused principal, or one of another
-        store scope, gets an error event and a close (1008); `ClientGone` ends the work.
-        `give_back` runs first on a refusal: what the refused work held goes back to the
-        client (a successor's steering input) while the socket is still open."""
-        if self._refused:
-            raise ClientGone("the credentials were refused")
+        store scope, gets an error event and a close (1008); `ClientGone` ends the work, as it
+        does any work about to start on a socket refusing or closed. `give_back` runs first on
+        a refusal: what the refused work held goes back to the client (a successor's steering
+        input) while the socket is still open."""
+        if not self._takes_work():
+            raise ClientGone("the credentials were refused, or the WebSocket is closed")
         settings = self.settings
         hook, every = settings.authenticate, settings.reauthenticate_seconds
         now = asyncio.get_running_loop().time()
@@ -360,8 +355,8 @@ class Connection:
                 message = "The credentials now name another principal."
                 raise AuthenticationFailed(message, status=403)
         except AuthenticationFailed as exc:
-            if not self._refused:  # another turn's check may have refused them meanwhile
-                self._refused = True
+            if self._takes_work():  # else refused by another turn's check meanwhile, or closed
+                self._state = SocketState.REFUSING
                 if give_back is not None:
                     with contextlib.suppress(ClientGone):
                         await give_back()
@@ -375,9 +370,14 @@ class Connection:
         self.turns.principal = principal
         self._authenticated_at = now
 
+    def _takes_work(self) -> bool:
+        """Whether work may start: the socket is neither refusing its credentials nor closed."""
+        state = self._state
+        return state is not SocketState.REFUSING and state is not SocketState.CLOSED
+
     async def _run_turn(self, create: CreateEvent) -> None:
         try:
-            await self._check_credentials()  # as it starts: it may have waited in its lane
+            await self.check_credentials()  # as it starts: it may have waited in its lane
             await self.turns.run(create)
         finally:
             self._active_at = asyncio.get_running_loop().time()

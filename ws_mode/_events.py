@@ -3,10 +3,10 @@
 Every event is checked to be a JSON object (a handler that sends anything else gets an error
 event for its turn), but most go out as the handler encoded them: the data's own `type` names
 it (read by the `ResponseTap`, which stateful HTTP shares), and a lane's `stream_id` is spliced
-into the encoded object. Only the events that
-carry the response object (`response.created`, `response.completed`, ...), finished output items
-and errors are re-encoded: the first to echo the client's `previous_response_id`, the terminal
-ones to advance the cache before the client hears the response finished.
+into the encoded object. Only the events that carry the response object (`response.created`,
+`response.completed`, ...), finished output items and errors are re-encoded: the first to echo
+the client's `previous_response_id`, the terminal ones to tell the turn (the stream's
+`ResponseOwner`) how the response ended, so the cache advances before the client hears it.
 """
 
 from __future__ import annotations
@@ -14,28 +14,46 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from ._cache import decoded_size
 from ._logs import for_log
 from ._protocol import DECODED_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from ._socket import ClientSocket
 from ._steering import SteerInbox
 from ._tap import ResponseTap
 
-__all__ = ["ResponseStream", "lifecycle_events"]
+__all__ = ["ResponseOwner", "ResponseStream", "lifecycle_events"]
 
 logger = logging.getLogger(__name__)
 
 
-class ResponseStream:
-    """Decorates and forwards the events of one response; remembers how it ended (its `tap`).
+class ResponseOwner(Protocol):
+    """The turn a response belongs to (`ws_mode._turn_runner`), told how the response ended
+    before its terminal event is sent, so the client can continue from it at once, on any
+    lane."""
 
-    `on_finished(response, output, size)` runs on a terminal success before that event is sent
-    (`size`: the response object's decoded size, for the cache's accounting),
-    `on_failed()` on a failure; `send_text` sends one frame (raising `ClientGone` when the
-    client left).
+    def response_finished(
+        self, response: dict[str, Any], output: list[dict[str, Any]], size: int
+    ) -> None:
+        """The response finished well; `size` is the response object's decoded size."""
+
+    def response_failed(self) -> None:
+        """The response failed."""
+
+
+class ResponseStream:
+    """Decorates and forwards the events of one response to the client's socket; remembers
+    how it ended (its `tap`) and tells its `owner`.
+
+    Events come in two ways. :meth:`frame` takes an event of the handler's SSE stream,
+    synchronously: most come back as the frame that forwards them as they are, which the
+    caller sends on `send_text` (the hot path: no await but the send itself); those that carry
+    the response or an error come back decoded, for :meth:`event`. :meth:`event` takes an event
+    as an object: one `frame` decoded (`from_handler`), or one ws_mode made (an error, the
+    lifecycle events of a JSON answer).
     """
 
     __slots__ = (
@@ -44,8 +62,7 @@ class ResponseStream:
         "ended",
         "finished",
         "inbox",
-        "on_failed",
-        "on_finished",
+        "owner",
         "send_text",
         "steered",
         "stream_id",
@@ -54,23 +71,22 @@ class ResponseStream:
 
     def __init__(
         self,
+        socket: ClientSocket,
+        owner: ResponseOwner,
         *,
-        send_text: Callable[[str], Awaitable[None]],
         stream_id: str | None,
         previous_response_id: str | None,
-        on_finished: Callable[[dict[str, Any], list[dict[str, Any]], int], None],
-        on_failed: Callable[[], None],
         inbox: SteerInbox | None = None,
     ) -> None:
-        self.send_text = send_text
+        #: Sends one frame on the socket (raising `ClientGone` when the client left).
+        self.send_text: Callable[[str], Awaitable[None]] = socket.send_text
+        self.owner = owner
         #: Steering input queued for this response (None: steering is off).
         self.inbox = inbox
         #: The response was ended at an output boundary for steering input.
         self.steered = False
         self.tap = ResponseTap(previous_response_id)
         self.stream_id = stream_id
-        self.on_finished = on_finished
-        self.on_failed = on_failed
         self.finished = False
         #: Set when the response ended (`finished`), for whoever waits on it.
         self.ended = asyncio.Event()
@@ -97,18 +113,19 @@ class ResponseStream:
         """The response's id, once an event carried it."""
         return self.tap.response_id
 
-    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         """One event of the handler's SSE stream: the frame that forwards it as it was encoded
-        (the lane spliced in, counted as sent); the event decoded when it must go through
-        :meth:`handler_event` instead (it carries the response or an error); None when it is
-        no JSON object.
+        (the lane spliced in, counted as sent), or the event decoded when it must go through
+        :meth:`event` instead (it carries the response or an error; an error event for the
+        turn when the data is no JSON object).
 
         The tap decodes it (the data's own `type` decides). Synchronous, so a chunk's events
         go out with no await but the sends themselves.
         """
         event = self.tap.decode(event_type, data)
         if event is None:
-            return None
+            logger.warning("the handler sent an SSE event that is not a JSON object")
+            return _not_a_json_object()
         kind = event.get("type")
         if kind.__class__ is str and kind in DECODED_EVENTS:
             if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
@@ -125,37 +142,17 @@ class ResponseStream:
         self._sent += 1
         return data.decode()  # orjson accepted it, so it is valid UTF-8
 
-    async def handler_event(self, event: dict[str, Any] | None) -> None:
-        """Forward an event of the handler's stream that :meth:`frame` decoded (None: one that
-        was no JSON object, answered with an error for the turn)."""
-        if event is None:
-            logger.warning("the handler sent an SSE event that is not a JSON object")
-            event = server_error("The handler sent an event that is not a JSON object.")
-            await self.event(event)
-            return
-        await self.event(event, from_handler=True)
-
     def next_sequence_number(self) -> int:
         """The sequence number for an event ws_mode sends about this response."""
         number = self._sent
         self._sent += 1
         return number
 
-    async def sse_event(self, event_type: str | None, data: bytes) -> None:
-        """Forward one event of the handler's SSE stream."""
-        if self.finished:
-            return
-        framed = self.frame(event_type, data)
-        if isinstance(framed, str):
-            await self.send_text(framed)
-        else:
-            await self.handler_event(framed)
-
     async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
         """Forward an event given as an object, updating the stream's state from it.
 
-        An error event ws_mode made (not `from_handler`) is numbered after the events sent
-        before it.
+        An error event keeps its own `sequence_number` only when it comes `from_handler`;
+        others are numbered after the events sent before them.
         """
         if self.finished:
             return
@@ -175,29 +172,25 @@ class ResponseStream:
             self.finished = True
             self.ended.set()
             if tap.response is not None and tap.output is not None:
-                self.on_finished(tap.response, tap.output, decoded_size(text))
+                self.owner.response_finished(tap.response, tap.output, decoded_size(text))
             elif tap.failure is not None:
-                self.on_failed()
+                self.owner.response_failed()
         self._sent += 1
         await self.send_text(text)
-        if kind == "response.output_item.done" and self.inbox is not None and self.inbox.cuts:
-            await self._cut()
+        if kind == "response.output_item.done" and self.inbox is not None:
+            # A safe boundary: the response ends here when steering input waits for it.
+            cut = self.inbox.cut(tap, self._sent)
+            if cut is not None:
+                self.steered = True
+                await self.event(cut)
 
-    async def _cut(self) -> None:
-        """End the response here for the steering input queued, unless an item the client
-        must answer is out (steering never cancels tools)."""
-        tap = self.tap
-        if tap.client_calls or tap.started is None or self.finished:
-            return
-        response = {
-            **tap.started,
-            "status": "incomplete",
-            "incomplete_details": {"reason": "steered"},
-            "output": tap.items_so_far(),
-        }
-        self.steered = True
-        cut = {"type": "response.incomplete", "sequence_number": self._sent, "response": response}
-        await self.event(cut)
+
+def _not_a_json_object() -> dict[str, Any]:
+    """The error event for the turn whose handler sent an event that is no JSON object; it
+    has no `sequence_number` of its own, so it is numbered as it is sent."""
+    event = server_error("The handler sent an event that is not a JSON object.")
+    del event["sequence_number"]
+    return event
 
 
 def _nested_error(event: dict[str, Any]) -> dict[str, Any]:

@@ -20,10 +20,10 @@ from ._events import lifecycle_events
 from ._headers import end_to_end, header
 from ._logs import for_log
 from ._protocol import error_event, server_error
+from ._socket import ClientGone
 from ._sse import SSEDecoder, content_type, is_event_stream
 
 __all__ = [
-    "ClientGone",
     "EventSink",
     "HandlerCall",
     "handler_headers",
@@ -38,10 +38,6 @@ logger = logging.getLogger(__name__)
 _SET_HERE = (b"accept-encoding", b"content-length", b"content-type", b"accept", b"host")
 
 
-class ClientGone(OSError):
-    """The WebSocket client went away; raised from the handler's `send()`."""
-
-
 class EventSink(Protocol):
     """Where the events of one handler call go (the connection's response stream)."""
 
@@ -49,16 +45,14 @@ class EventSink(Protocol):
     #: Sends one frame to the client (raising `ClientGone` when it left).
     send_text: Callable[[str], Awaitable[None]]
 
-    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         """An event of the handler's SSE stream (the `event:` field, or None, and the data):
-        the frame that forwards it as it is, or the event decoded to go through
-        `handler_event`, or None when it is no JSON object."""
+        the frame that forwards it as it is, or an event to go through `event` (the one
+        decoded, or an error when it is no JSON object)."""
 
-    async def handler_event(self, event: dict[str, Any] | None) -> None:
-        """An event `frame` decoded (or None, for one that was no JSON object)."""
-
-    async def event(self, event: dict[str, Any]) -> None:
-        """An event ws_mode built (from a JSON answer, or an error)."""
+    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+        """An event as an object: one `frame` gave (`from_handler`), or one ws_mode built
+        (from a JSON answer, or an error)."""
 
 
 def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -184,7 +178,7 @@ class HandlerCall:
                         if isinstance(framed, str):
                             await sink.send_text(framed)
                         else:
-                            await sink.handler_event(framed)
+                            await sink.event(framed, from_handler=True)
                 except ClientGone:
                     self._client_gone = True
                     raise

@@ -346,7 +346,7 @@ class WebSocketModeMiddleware:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._draining = False  # the same app may be served again
-                _say_how_dead_peers_are_found(self.settings.limits)
+                _warn_if_the_server_sends_no_pings(self.settings.limits)
             elif message["type"] == "lifespan.shutdown":
                 await self.drain()
             return message
@@ -391,7 +391,7 @@ class WebSocketModeMiddleware:
         return path == wanted or (bool(root_path) and path == root_path + wanted)
 
 
-def _say_how_dead_peers_are_found(limits: Limits) -> None:
+def _warn_if_the_server_sends_no_pings(limits: Limits) -> None:
     """Warn at startup when the server in use sends no WebSocket pings (ASGI apps cannot)."""
     if "granian" not in sys.modules:
         return

@@ -33,11 +33,11 @@ __all__ = [
     "StoreLink",
     "StoreUnavailable",
     "flush_writes",
-    "keep",
     "load_chain",
     "pending_writes",
     "start_write",
     "store_scope",
+    "write_records",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ async def read_one(store: ResponseStore, owner: str, response_id: str) -> Stored
     return (await store.get_chain(owner, response_id)).get(response_id)
 
 
-async def keep(
+async def write_records(
     store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
 ) -> bool:
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
@@ -196,9 +196,9 @@ async def keep(
 def start_write(
     store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
 ) -> asyncio.Task[bool]:
-    """Start writing `records` (`keep`, within `seconds`) as work of the process: no
+    """Start writing `records` (`write_records`, within `seconds`) as work of the process: no
     connection or request cancels it; `flush_writes` waits for it."""
-    task = asyncio.create_task(keep(store, stats, owner, *records, seconds=seconds))
+    task = asyncio.create_task(write_records(store, stats, owner, *records, seconds=seconds))
     _writes[task] = (owner, frozenset(record.id for record in records))
     task.add_done_callback(_writes_done)
     return task
@@ -207,7 +207,7 @@ def start_write(
 def _writes_done(task: asyncio.Task[bool]) -> None:
     _writes.pop(task, None)
     if not task.cancelled():
-        task.exception()  # keep() raises nothing else: retrieved, never "never retrieved"
+        task.exception()  # write_records() raises nothing else: retrieved, never "never retrieved"
 
 
 def _writes_here() -> list[asyncio.Task[bool]]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 __all__ = [
+    "CLIENT_CALLS",
     "DECODED_EVENTS",
     "FAILURE_EVENTS",
     "RESPONSE_EVENTS",
@@ -30,7 +31,6 @@ __all__ = [
     "not_found",
     "quoted_id",
     "server_error",
-    "steer_failed_event",
     "store_unavailable",
 ]
 
@@ -57,6 +57,18 @@ SUCCESS_EVENTS = frozenset({"response.completed", "response.incomplete"})
 FAILURE_EVENTS = frozenset({"response.failed", "error"})
 #: Every event that ends a response.
 TERMINAL_EVENTS = SUCCESS_EVENTS | FAILURE_EVENTS
+#: Output items the client answers (a tool it runs, an approval it gives), each with the type
+#: of its answer: a response is never cut for steering after one, and one that ends with any
+#: waits for the client (`response.steer.pending`).
+CLIENT_CALLS: Final = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "mcp_approval_request": "mcp_approval_response",
+}
 #: Events whose JSON the middleware decodes on the way through; the rest pass as they are.
 DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
 #: The terminal event a finished response object's `status` calls for.
@@ -204,43 +216,3 @@ def json_answer(
         ],
     }
     return [start, {"type": f"{kind}.body", "body": body}]
-
-
-STEER_MESSAGES = {
-    "invalid_input": "The steering input is invalid: {detail}",
-    "response_not_found": "Response with id '{id}' is not available on this connection.",
-    "steering_not_supported": "Steering is switched off on this server.",
-    "not_steerable": "Responses bound to a conversation or using automatic compaction "
-    "(context_management) cannot be steered.",
-    "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
-    "steering input.",
-    "too_many_pending_steers": "Too much steering input is pending: at most {limit} submissions "
-    "for one response (Limits.max_pending_steers), {bytes} bytes for the connection counted "
-    "decoded (Limits.max_steer_bytes).",
-    MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
-    "response_not_active": "The response ended before the steering input could be applied.",
-    "successor_creation_failed": "The response continuing with the steering input could not "
-    "be created.",
-}
-
-
-def steer_failed_event(
-    code: str,
-    previous_response_id: str,
-    input: Any,
-    message: str,
-    *,
-    stream_id: str | None = None,
-) -> dict[str, Any]:
-    """A `response.steer.failed` event returning the uncommitted input to the client; it
-    carries the target response's lane when that is known."""
-    kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
-    event: dict[str, Any] = {
-        "type": "response.steer.failed",
-        "sequence_number": 0,
-        "error": {"type": kind, "code": code, "message": message},
-        "steer": {"previous_response_id": previous_response_id, "input": input},
-    }
-    if stream_id is not None:
-        event["stream_id"] = stream_id
-    return event

@@ -23,6 +23,11 @@ acceptance until it is committed, returned or dropped.
 
 A handler may take the input itself instead: `Turn.claim_steering()` early in the turn, then
 `Turn.take_steering()` between tokens. Steering input lives on the connection only.
+
+The turn runner is the one caller of a connection's :class:`Steering`: it has steers answered
+there, opens each steerable response's :class:`SteerInbox` there, and asks it what follows a
+response that had input queued. The rest ask the inbox: the response's stream whether to cut
+the response (`SteerInbox.cut`), the handler's `Turn` for the input it claimed.
 """
 
 from __future__ import annotations
@@ -38,19 +43,21 @@ import orjson
 
 from ._budget import MemoryBudget
 from ._cache import decoded_size
-from ._client_events import CreateEvent, SteerEvent, steer_input_problem, text_input
+from ._client_events import CreateEvent, SteerEvent, text_input
 from ._items import Items
 from ._limits import Limits
-from ._protocol import MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES, quoted_id, steer_failed_event
+from ._protocol import CLIENT_CALLS, MEMORY_BUDGET_EXCEEDED, memory_budget_message, quoted_id
+from ._tap import ResponseTap
 
 __all__ = [
-    "CLIENT_CALLS",
     "MAX_WAITING_RESPONSES",
     "Outcome",
     "Steer",
     "SteerInbox",
     "Steering",
     "required_input",
+    "steer_failed_event",
+    "steer_input_problem",
 ]
 
 #: Responses that may hold steering input waiting for the client's tool output; past this
@@ -58,17 +65,52 @@ __all__ = [
 #: input may cost is bounded by `Limits.max_steer_bytes`; this only bounds the bookkeeping.
 MAX_WAITING_RESPONSES: Final = 256
 
-#: Output items the client answers (a tool it runs, an approval it gives): a response is never
-#: cut after one, and one that ends with any waits for the client (`response.steer.pending`).
-CLIENT_CALLS: Final = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-    "mcp_approval_request": "mcp_approval_response",
+#: The message of each `response.steer.failed` code.
+STEER_MESSAGES = {
+    "invalid_input": "The steering input is invalid: {detail}",
+    "response_not_found": "Response with id '{id}' is not available on this connection.",
+    "steering_not_supported": "Steering is switched off on this server.",
+    "not_steerable": "Responses bound to a conversation or using automatic compaction "
+    "(context_management) cannot be steered.",
+    "response_already_completed": "Response with id '{id}' has completed and no longer accepts "
+    "steering input.",
+    "too_many_pending_steers": "Too much steering input is pending: at most {limit} submissions "
+    "for one response (Limits.max_pending_steers), {bytes} bytes for the connection counted "
+    "decoded (Limits.max_steer_bytes).",
+    MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
+    "response_not_active": "The response ended before the steering input could be applied.",
+    "successor_creation_failed": "The response continuing with the steering input could not "
+    "be created.",
 }
+
+
+_STEER_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
+
+
+def steer_input_problem(value: Any) -> str | None:
+    """Why `value` is not valid steering input (user messages only), or None when it is."""
+    if isinstance(value, str):
+        return None if value else "the input string is empty."
+    if not isinstance(value, list) or not value:
+        return "'input' must be a string or a non-empty array of user messages."
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            return f"input[{index}] is not an object."
+        if item.get("type", "message") != "message" or item.get("role") != "user":
+            return f"input[{index}] is not a user message; only user messages can steer."
+        if set(item) - {"type", "role", "content"}:
+            return f"input[{index}] may only have 'type', 'role' and 'content'."
+        content = item.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list) or not all(
+            isinstance(part, dict) and part.get("type") in _STEER_PART_TYPES for part in content
+        ):
+            return (
+                f"input[{index}].content must be a string or an array of input_text, "
+                "input_image and input_file parts."
+            )
+    return None
 
 
 @dataclass(slots=True)
@@ -106,6 +148,10 @@ class SteerInbox:
         self.steers.append(steer)
         self.arrived.set()
 
+    def claim(self) -> None:
+        """The handler takes the input itself (`take`): the response is not cut for it."""
+        self.claimed = True
+
     def take(self) -> list[Steer]:
         """Everything queued, in submission order, for a handler that applies it itself; the
         inbox is empty afterwards."""
@@ -124,6 +170,25 @@ class SteerInbox:
     def cuts(self) -> bool:
         """Whether the response is to end at its next safe boundary."""
         return bool(self.steers) and not self.claimed
+
+    def cut(self, tap: ResponseTap, sequence_number: int) -> dict[str, Any] | None:
+        """Asked after an output item finished: the `response.incomplete` (numbered
+        `sequence_number`) that ends the response here for the input queued, or None when it
+        goes on: nothing waits for it to end, an item the client must answer is out (steering
+        never cancels tools), or the response has not started or has ended."""
+        if not self.cuts or tap.client_calls or tap.started is None or tap.finished:
+            return None
+        response = {
+            **tap.started,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "steered"},
+            "output": tap.items_so_far(),
+        }
+        return {
+            "type": "response.incomplete",
+            "sequence_number": sequence_number,
+            "response": response,
+        }
 
 
 def required_input(output: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,8 +228,12 @@ class Steering:
         """What the steering input waiting on this connection costs (`max_steer_bytes`)."""
         return sum(self._held.values())
 
-    def inbox(self) -> SteerInbox:
-        """A new response's inbox; what its handler takes there stops counting."""
+    def inbox_for(self, create: CreateEvent) -> SteerInbox | None:
+        """The inbox of the response `create` asks for, where steers for it are queued (what
+        its handler takes there stops counting); None when steering is off or that response
+        may not be steered."""
+        if not self.enabled or not self.steerable(create):
+            return None
         return SteerInbox(applied=self.release)
 
     def release(self, steers: Iterable[Steer]) -> None:
@@ -338,11 +407,12 @@ def _with_input(
     )
 
 
-def accepted_event(steer: Steer, lane: str | None) -> dict[str, Any]:
-    """`response.steer.accepted`: the input is queued (not yet applied)."""
+def accepted_event(steer: Steer, lane: str | None, sequence_number: int) -> dict[str, Any]:
+    """`response.steer.accepted`: the input is queued (not yet applied); numbered among the
+    events of the response it steers."""
     event: dict[str, Any] = {
         "type": "response.steer.accepted",
-        "sequence_number": 0,
+        "sequence_number": sequence_number,
         "steer": {"id": steer.id, "previous_response_id": steer.target},
     }
     if lane is not None:
@@ -370,4 +440,26 @@ def not_committed(steer: Steer, code: str, lane: str | None) -> dict[str, Any]:
         code, steer.target, steer.input, STEER_MESSAGES[code], stream_id=lane
     )
     event["steer"]["id"] = steer.id
+    return event
+
+
+def steer_failed_event(
+    code: str,
+    previous_response_id: str,
+    input: Any,
+    message: str,
+    *,
+    stream_id: str | None = None,
+) -> dict[str, Any]:
+    """A `response.steer.failed` event returning the uncommitted input to the client; it
+    carries the target response's lane when that is known."""
+    kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
+    event: dict[str, Any] = {
+        "type": "response.steer.failed",
+        "sequence_number": 0,
+        "error": {"type": kind, "code": code, "message": message},
+        "steer": {"previous_response_id": previous_response_id, "input": input},
+    }
+    if stream_id is not None:
+        event["stream_id"] = stream_id
     return event

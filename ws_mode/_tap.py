@@ -10,8 +10,7 @@ from typing import Any
 
 from orjson import JSONDecodeError, loads
 
-from ._protocol import FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS
-from ._steering import CLIENT_CALLS
+from ._protocol import CLIENT_CALLS, FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS
 
 __all__ = ["ResponseTap"]
 

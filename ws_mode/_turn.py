@@ -123,7 +123,7 @@ class Turn:
         False when steering is switched off."""
         if self.steering is None:
             return False
-        self.steering.claimed = True
+        self.steering.claim()
         return True
 
     def take_steering(self) -> list[dict[str, Any]]:

@@ -1,10 +1,13 @@
 """One turn, from a validated `response.create` to its cached response.
 
 The runner resolves `previous_response_id` in the connection's cache, builds the `Turn` and
-the handler's request, runs the in-process handler call with the events flowing to the socket,
-and on the terminal event caches the response. It also answers `generate: false` warm-ups and
-starts the work that follows a response (rendering its output, the `on_response` hook) off
-the next turn's path.
+the handler's request, and runs the in-process handler call (`ws_mode._handler_call`), whose
+events flow through the turn's `ResponseStream` to the socket; the stream tells the turn in
+flight when the response ended, and a finished one is cached before the client hears it. The
+runner also answers `generate: false` warm-ups, starts the work that follows a response
+(rendering its output, the `on_response` hook) off the next turn's path, and is the one caller
+of the connection's steering (`ws_mode._steering`): it answers steers, and runs the successor
+turns steering input calls for.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,14 +26,16 @@ from cachetools import LRUCache
 from ._after_response import AfterResponses
 from ._asgi import Scope
 from ._cache import CachedResponse, ResponseCache
-from ._client_events import CreateEvent, may_store
+from ._client_events import CreateEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
-from ._handler_call import ClientGone, HandlerCall, handler_headers, http_scope
+from ._handler_call import HandlerCall, handler_headers, http_scope
+from ._lanes import Lanes
 from ._persistence import StoreLink, StoreUnavailable
-from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
+from ._protocol import error_event, not_found, server_error, store_unavailable
 from ._settings import Settings
+from ._socket import ClientGone, ClientSocket
 from ._stack import entry
-from ._steering import Outcome, SteerInbox, Steering
+from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
 from ._turn import Turn, build_body, tools_digest
 
@@ -45,10 +50,9 @@ TOOL_SETS = 64
 class TurnRunner:
     """Runs the turns of one connection against its cache.
 
-    `send_text` sends one frame (raising `ClientGone` when the client left); `send_error`
-    sends an error event of the connection's own; `before_successor(give_back)` runs before
-    each turn steering starts (the connection's credential check: it raises `ClientGone` to
-    refuse, after awaiting `give_back()`, which returns the successor's steering input).
+    The turns' events go out on `socket`, the connection's (`ws_mode._socket.ClientSocket`),
+    which checks the credentials before a successor starts; `lanes` hold what each request
+    costs until its response is cached.
     """
 
     def __init__(
@@ -57,18 +61,16 @@ class TurnRunner:
         scope: Scope,
         cache: ResponseCache,
         *,
-        send_text: Callable[[str], Awaitable[None]],
-        send_error: Callable[[dict[str, Any]], Awaitable[None]],
-        before_successor: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
+        socket: ClientSocket,
+        lanes: Lanes,
     ) -> None:
         self.settings = settings
         self.limits = settings.limits
         self.stats = settings.stats
         self.scope = scope
         self.cache = cache
-        self.send_text = send_text
-        self.send_error = send_error
-        self._before_successor = before_successor
+        self.socket = socket
+        self.lanes = lanes
         self.principal: Any = None
         #: The store, when the middleware has one (`store=`), as this connection uses it.
         self.store: StoreLink | None = None
@@ -88,10 +90,6 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
-        #: Called with the request `run` was given once its response is about to be cached:
-        #: what the request held in the memory budget is let go first, so the two never
-        #: count at once (set by the connection: `Lanes.let_go`).
-        self.request_done: Callable[[CreateEvent], None] = lambda create: None
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -99,31 +97,51 @@ class TurnRunner:
         # Input queued behind the parent is committed by this create's response.created, or
         # returned if it fails before: kept until then, never dropped on the way.
         request = create
+        send = self.socket.send_event
         create, committing = self.steering.prepend_pending(create)
         while True:
-            steerable = self.steering.enabled and self.steering.steerable(create)
-            inbox = self.steering.inbox() if steerable else None
+            inbox = self.steering.inbox_for(create)
             outcome = await self._run_one(create, inbox, request)
             if committing:
                 created = outcome is not None and outcome.response_id is not None
-                await self.steering.settle(committing, created, create.stream_id, self._send_event)
+                await self.steering.settle(committing, created, create.stream_id, send)
                 committing = []
             if outcome is None or inbox is None:
                 return
-            follow = await self.steering.follow(create, outcome, self._send_event)
+            follow = await self.steering.follow(create, outcome, send)
             if follow is None:
                 return
             create, committing = follow
-            if self._before_successor is not None:
-                # A successor is work the credentials must allow; refused, its input goes back.
-                await self._before_successor(
-                    functools.partial(
-                        self.steering.settle, committing, False, create.stream_id, self._send_event
-                    )
-                )
+            # A successor is work the credentials must allow; refused, its input goes back.
+            await self.socket.check_credentials(
+                functools.partial(self.steering.settle, committing, False, create.stream_id, send)
+            )
 
-    async def _send_event(self, event: dict[str, Any]) -> None:
-        await self.send_text(encode_event(event))
+    def steer(self, steer: SteerEvent) -> dict[str, Any]:
+        """The answer to a `response.steer`: `response.steer.accepted` once its input is queued
+        in the response streaming now (numbered among that response's events), else
+        `response.steer.failed`."""
+        target = steer.previous_response_id
+        active = next((s for s in self.streams if s.response_id == target and not s.finished), None)
+        node = self.cache.get(target) if active is None else None
+        lane = active.stream_id if active is not None else node.stream_id if node else None
+        result = self.steering.accept(
+            steer,
+            active.inbox if active is not None else None,
+            lane,
+            streaming=active is not None,
+            known=node is not None,
+        )
+        if isinstance(result, dict):
+            return result
+        assert active is not None  # accepted: the response is streaming
+        return accepted_event(result, lane, active.next_sequence_number())
+
+    async def close(self) -> None:
+        """The connection ended: give the work after its responses its grace period; what
+        steering input still waits is dropped."""
+        await self.after.finish()
+        self.steering.close()
 
     async def _run_one(
         self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
@@ -143,7 +161,7 @@ class TurnRunner:
                             create.previous_response_id, create.stream_id, self.cache
                         )
                     except StoreUnavailable:  # its detail is in the log, not for the client
-                        await self.send_error(
+                        await self.socket.send_error(
                             store_unavailable(create.previous_response_id, create.stream_id)
                         )
                         return None
@@ -152,7 +170,7 @@ class TurnRunner:
             else:
                 if self.settings.on_cache_miss != "forward":
                     why = self.cache.why_missing(create.previous_response_id)
-                    await self.send_error(
+                    await self.socket.send_error(
                         not_found(create.previous_response_id, create.stream_id, why)
                     )
                     return None
@@ -160,47 +178,20 @@ class TurnRunner:
         try:
             current, new_fragment, body = self._prepare(create, previous, forwarded, inbox)
         except Exception as exc:
-            await self.send_error(_unprepared(create, exc))
+            await self.socket.send_error(_unprepared(create, exc))
             return None
         if body is None:
             self.stats.warm_ups += 1
-            self.request_done(request)
+            self.lanes.let_go(request)
             await self._warm_up(create, current, new_fragment)
             return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
-
-        def finished(response: dict[str, Any], output: list[dict[str, Any]], size: int) -> None:
-            node = CachedResponse(
-                size=size,
-                id=response["id"],
-                response=response,
-                input_items=create.items,
-                output_items=output,
-                parent=previous,
-                stream_id=create.stream_id,
-                tools_digest=current.tools_digest,
-                artifacts=current.artifacts,
-                input_fragment=new_fragment,
-                remote=forwarded,
-                storable=_storable(create, response),
-            )
-            self.request_done(request)
-            self._remember(node, current, output)
-            self.after.start(node, current, response)
-
-        def failed() -> None:
-            # A failed continuation on the parent's own lane drops the parent
-            # (docs/protocol.md, "Conversation state").
-            if previous is not None and previous.stream_id == create.stream_id:
-                self.cache.evict(previous.id)
-
         stream = ResponseStream(
-            send_text=self.send_text,
+            self.socket,
+            _TurnInFlight(self, create, request, current, new_fragment, forwarded),
             stream_id=create.stream_id,
             previous_response_id=create.previous_response_id,
-            on_finished=finished,
-            on_failed=failed,
             inbox=inbox,
         )
         scope = http_scope(
@@ -233,7 +224,7 @@ class TurnRunner:
             else:
                 # The client has its terminal event; what the handler still does (a background
                 # task, logging) goes on without holding up the lane.
-                self.after.keep(call)
+                self.after.track(call)
         else:
             try:
                 call.result()
@@ -353,12 +344,12 @@ class TurnRunner:
             input_fragment=new_fragment,
             storable=_storable(create, response),
         )
-        self._remember(node, current, [], write=False)
+        self.cache_response(node, current, [], write=False)
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
         for event in lifecycle_events(response, in_progress=False):
             if create.stream_id is not None:
                 event["stream_id"] = create.stream_id
-            await self.send_text(encode_event(event))
+            await self.socket.send_event(event)
 
     # State kept across turns.
 
@@ -368,7 +359,7 @@ class TurnRunner:
             artifacts = self._tool_artifacts[digest] = {}
         return artifacts
 
-    def _remember(
+    def cache_response(
         self,
         node: CachedResponse,
         current: Turn,
@@ -390,6 +381,53 @@ class TurnRunner:
             # Started now, before the terminal event goes out; the process owns the write,
             # so the connection closing never cancels it.
             self.store.write(node)
+
+
+@dataclass(slots=True, eq=False)
+class _TurnInFlight:
+    """One turn while its handler answers, as its stream's `ResponseOwner`: the response that
+    finished is cached before the client hears it did; a failed one drops the parent it
+    continued on that parent's own lane."""
+
+    runner: TurnRunner
+    create: CreateEvent
+    #: The request the client sent, whose cost the lanes hold until the response is cached
+    #: (`create` is what runs: it with steering input prepended, or a successor).
+    request: CreateEvent
+    current: Turn
+    new_fragment: bytes
+    #: The parent is not cached here: the handler resolves `previous_response_id` itself.
+    forwarded: bool
+
+    def response_finished(
+        self, response: dict[str, Any], output: list[dict[str, Any]], size: int
+    ) -> None:
+        create, current, runner = self.create, self.current, self.runner
+        node = CachedResponse(
+            size=size,
+            id=response["id"],
+            response=response,
+            input_items=create.items,
+            output_items=output,
+            parent=current.previous,
+            stream_id=create.stream_id,
+            tools_digest=current.tools_digest,
+            artifacts=current.artifacts,
+            input_fragment=self.new_fragment,
+            remote=self.forwarded,
+            storable=_storable(create, response),
+        )
+        # What the request held is let go first, so the two never count at once.
+        runner.lanes.let_go(self.request)
+        runner.cache_response(node, current, output)
+        runner.after.start(node, current, response)
+
+    def response_failed(self) -> None:
+        # A failed continuation on the parent's own lane drops the parent
+        # (docs/protocol.md, "Conversation state").
+        previous = self.current.previous
+        if previous is not None and previous.stream_id == self.create.stream_id:
+            self.runner.cache.evict(previous.id)
 
 
 def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:

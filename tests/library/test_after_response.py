@@ -24,8 +24,8 @@ async def test_work_after_a_response_gets_after_response_grace_seconds_once_the_
     after = AfterResponses(middleware.settings)
     quick = asyncio.create_task(asyncio.sleep(0.05))
     stuck = asyncio.create_task(asyncio.Event().wait())  # a hook that never returns
-    after.keep(quick)
-    after.keep(stuck)
+    after.track(quick)
+    after.track(stuck)
     loop = asyncio.get_running_loop()
     started = loop.time()
     await asyncio.wait_for(after.finish(), 10)  # 10 s: a hang, not a speed

@@ -18,15 +18,14 @@ from ws_mode._client_events import (
     ProtocolError,
     SteerEvent,
     parse_client_event,
-    steer_input_problem,
 )
 from ws_mode._protocol import (
     SOCKET_ONLY_FIELDS,
     encode_event,
     error_event,
-    steer_failed_event,
 )
 from ws_mode._protocol import server_error as server_error_event
+from ws_mode._steering import steer_failed_event, steer_input_problem
 
 CREATE = "response.create"
 STEER = "response.steer"

@@ -26,31 +26,31 @@ SERVER_EVENTS: dict[str, type[BaseModel]] = {
 
 
 class Recorder:
-    """A ResponseStream with everything it does recorded."""
+    """A ResponseStream with everything it does recorded: the recorder is its socket and its
+    owner."""
 
     def __init__(self, stream_id: str | None = "lane", previous: str | None = "resp_0") -> None:
         self.frames: list[str] = []
         self.finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         self.failed = 0
         self.stream = ResponseStream(
-            send_text=self.send_text,
+            self,  # as the socket: it only sends text
+            self,
             stream_id=stream_id,
             previous_response_id=previous,
-            on_finished=self.on_finished,
-            on_failed=self.on_failed,
         )
 
     async def send_text(self, text: str) -> None:
         self.frames.append(text)
 
-    def on_finished(
+    def response_finished(
         self, response: dict[str, Any], output: list[dict[str, Any]], size: int
     ) -> None:
         # The cache must advance before the client hears the response finished.
         assert not any('"response.completed"' in frame for frame in self.frames)
         self.finished.append((response, output))
 
-    def on_failed(self) -> None:
+    def response_failed(self) -> None:
         self.failed += 1
 
     @property
@@ -59,7 +59,17 @@ class Recorder:
 
     async def sse(self, event_type: str | None, payload: Any) -> None:
         data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-        await self.stream.sse_event(event_type, data)
+        await self.sse_event(event_type, data)
+
+    async def sse_event(self, event_type: str | None, data: bytes) -> None:
+        """Hand the stream one event of a handler's SSE stream, as `HandlerCall` does."""
+        if self.stream.finished:
+            return
+        framed = self.stream.frame(event_type, data)
+        if isinstance(framed, str):
+            await self.stream.send_text(framed)
+        else:
+            await self.stream.event(framed, from_handler=True)
 
 
 def response(id: str = "resp_1", status: str = "completed", **fields: Any) -> dict[str, Any]:
@@ -115,7 +125,7 @@ def delta(sequence_number: int = 3, text: str = "hi") -> dict[str, Any]:
 async def test_default_lane_events_are_forwarded_unchanged() -> None:
     recorder = Recorder(stream_id=None)
     data = orjson.dumps(delta())
-    await recorder.stream.sse_event("response.output_text.delta", data)
+    await recorder.sse_event("response.output_text.delta", data)
     assert recorder.frames == [data.decode()]
 
 
@@ -141,7 +151,7 @@ async def test_stream_id_is_spliced_into_encoded_events() -> None:
 )
 async def test_splicing_keeps_the_rest(data: bytes, expected: dict[str, Any]) -> None:
     recorder = Recorder(stream_id="s")
-    await recorder.stream.sse_event("response.custom", data)
+    await recorder.sse_event("response.custom", data)
     assert recorder.decoded == [{"stream_id": "s", **expected}]
 
 
@@ -181,7 +191,7 @@ def test_splicing_changes_nothing_else(
 ) -> None:
     data = json.dumps(payload, indent=2 if indent else None, ensure_ascii=False).encode()
     recorder = Recorder(stream_id=stream_id)
-    asyncio.run(recorder.stream.sse_event(event_type, data))
+    asyncio.run(recorder.sse_event(event_type, data))
     (event,) = recorder.decoded
     expected = payload if stream_id is None else {**payload, "stream_id": stream_id}
     assert event == expected
@@ -231,7 +241,7 @@ async def test_fresh_chain_clears_a_handler_previous_response_id() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("event_type", ["response.completed", "response.incomplete"])
-async def test_terminal_success_calls_on_finished_with_the_output(event_type: str) -> None:
+async def test_terminal_success_tells_the_owner_with_the_output(event_type: str) -> None:
     recorder = Recorder()
     done = response(status=event_type.split(".")[1], output=[REASONING, CALL, MESSAGE])
     await recorder.sse(
@@ -312,7 +322,7 @@ async def test_terminal_without_a_response_id_is_not_cached() -> None:
 
 
 @pytest.mark.anyio
-async def test_response_failed_calls_on_failed() -> None:
+async def test_response_failed_tells_the_owner() -> None:
     recorder = Recorder()
     failed = response(status="failed", error={"code": "server_error", "message": "boom"})
     await recorder.sse(
@@ -445,7 +455,7 @@ async def test_encoded_events_after_the_terminal_one_are_dropped() -> None:
 )
 async def test_garbage_data_is_a_server_error(event_type: str | None, data: bytes) -> None:
     recorder = Recorder()
-    await recorder.stream.sse_event(event_type, data)
+    await recorder.sse_event(event_type, data)
     (event,) = recorder.decoded
     assert event["type"] == "error"
     assert event["status"] == 500
@@ -524,7 +534,7 @@ async def test_an_event_that_is_not_a_json_object_never_reaches_the_client(data:
     JSON objects only: garbage from the handler becomes an error event for the turn."""
     recorder = Recorder()
     await recorder.sse("response.output_text.delta", {"type": "response.output_text.delta"})
-    await recorder.stream.sse_event("response.output_text.delta", data)
+    await recorder.sse_event("response.output_text.delta", data)
     first, error = recorder.decoded  # every frame parses as JSON
     assert first["type"] == "response.output_text.delta"
     assert error["type"] == "error"

@@ -22,11 +22,11 @@ from starlette.types import Message, Receive, Scope, Send
 from ws_mode import Limits
 from ws_mode._events import ResponseStream
 from ws_mode._handler_call import (
-    ClientGone,
     HandlerCall,
     handler_headers,
     http_scope,
 )
+from ws_mode._socket import ClientGone
 
 # The SDK's event union has no pydantic discriminator: pick each event's model by its type.
 STREAM_EVENTS: dict[str, type[BaseModel]] = {
@@ -44,7 +44,7 @@ class Sink:
         self.finished = False
         self.log: list[tuple[str, str | None, Any]] = []
 
-    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any] | None:
+    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         self.log.append(("sse", event_type, data))
         if event_type in TERMINAL:
             self.finished = True
@@ -53,15 +53,8 @@ class Sink:
     async def send_text(self, text: str) -> None:
         return None
 
-    async def handler_event(self, event: dict[str, Any] | None) -> None:
-        raise AssertionError("frame() always answers with a frame")
-
-    async def sse_event(self, event_type: str | None, data: bytes) -> None:
-        self.log.append(("sse", event_type, data))
-        if event_type in TERMINAL:
-            self.finished = True
-
-    async def event(self, event: dict[str, Any]) -> None:
+    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+        assert not from_handler, "frame() always answers with a frame"
         self.log.append(("event", event.get("type"), event))
         if event.get("type") in TERMINAL:
             self.finished = True
@@ -901,15 +894,26 @@ async def test_with_a_response_stream_as_the_sink() -> None:
     frames: list[str] = []
     finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
 
-    async def send_text(text: str) -> None:
-        frames.append(text)
+    class SocketAndTurn:
+        """The stream's socket and its owner."""
 
+        async def send_text(self, text: str) -> None:
+            frames.append(text)
+
+        def response_finished(
+            self, response: dict[str, Any], output: list[dict[str, Any]], size: int
+        ) -> None:
+            finished.append((response, output))
+
+        def response_failed(self) -> None:
+            pytest.fail("the response did not fail")
+
+    ends = SocketAndTurn()
     stream = ResponseStream(
-        send_text=send_text,
+        ends,  # as the socket: it only sends text
+        ends,
         stream_id="lane",
         previous_response_id="resp_0",
-        on_finished=lambda response, output, size: finished.append((response, output)),
-        on_failed=lambda: pytest.fail("the response did not fail"),
     )
     response = response_object(previous_response_id=None)
     await make_call(json_app(response), stream).run()
