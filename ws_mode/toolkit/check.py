@@ -9,7 +9,10 @@ handshake fails the others are skipped. Each turn's events are checked with the 
 kit's validators (:func:`~ws_mode.testing._validation.check_events`). The outcome is a
 :class:`CheckReport`: one :class:`CheckResult` a check, shown as a table
 (:func:`format_report`) or as JSON (:func:`report_json`), each failure with a hint from
-:data:`HINTS`.
+:data:`HINTS`, or written from what was measured. The long checks report their progress as
+they go (:data:`Progress`): each size probed, what the idle socket waits for. A turn that ends
+with ws_mode's own ``store_unavailable`` fails with the store's hint (:func:`hint_for_error`):
+the middleware is there, its store is not.
 
 The largest message probe (:func:`check_largest_message`) opens a socket per size and sends one
 valid ``response.create`` padded to that exact size: a warm-up (``generate: false``) whose input
@@ -21,13 +24,20 @@ close 1009 (the ASGI server's or a proxy's frame limit), a dropped connection (d
 some proxies), an HTTP 413 at the handshake (a proxy's body limit), or ws_mode's own
 ``message_too_large`` error (``Limits.max_message_bytes``), after which the socket stays usable.
 A ceiling set by ws_mode itself passes the check; one set by another hop fails it, since the
-socket and its cache are lost there (docs/deployment.md, "The message size limit").
+socket and its cache are lost there (docs/deployment.md, "The message size limit"). The probes
+run on the asyncio client (:func:`probe_size` says why).
+
+The idle socket (:func:`check_idle_socket`) sends nothing, not even pings, for
+``idle_seconds``, noting each ping the server sends (:class:`PingTimedConnection`). When a hop
+closes it, the server's pings are timed on a second socket that the client keeps open with its
+own pings (:func:`time_server_pings`), so that the hint tells pings that are off, pings slower
+than the hop's timeout (both numbers given) and a hop that pings cannot keep open.
 
 One module, past 800 lines, because it is one concept: the checks of a live endpoint. The
 checks, the socket and turn helpers they share, the refusals and failures they name and the
-hints that answer them are written against each other (a check fails with a hint key, the
-report renders it), and only ``ws-mode check`` (:mod:`ws_mode.toolkit.cli.check`) uses any of
-it. Needs websockets.
+hints that answer them are written against each other (a check fails with a hint key or a
+hint built from its measures, the report renders it), and only ``ws-mode check``
+(:mod:`ws_mode.toolkit.cli.check`) uses any of it. Needs websockets.
 """
 
 from __future__ import annotations
