@@ -490,7 +490,7 @@ def test_server_pings_faster_than_a_proxys_idle_timeout_keep_the_socket(
         status, out, rows, _ = run(capsys, proxied, "--idle", "4", "--max-probe-bytes", "0")
     assert status == 0, out
     assert rows["idle socket"] == "ok"
-    assert re.search(r"\(\d+ pings from the server, every 0\.\d s\)", row(out, "idle socket"))
+    assert re.search(r"\(\d+ pings from the server, every \d+\.\d s\)", row(out, "idle socket"))
 
 
 def test_uvicorns_default_frame_limit_is_found_without_a_traceback(
