@@ -9,7 +9,10 @@ handshake fails the others are skipped. Each turn's events are checked with the 
 kit's validators (:func:`~ws_mode.testing._validation.check_events`). The outcome is a
 :class:`CheckReport`: one :class:`CheckResult` a check, shown as a table
 (:func:`format_report`) or as JSON (:func:`report_json`), each failure with a hint from
-:data:`HINTS`.
+:data:`HINTS`, or written from what was measured. The long checks report their progress as
+they go (:data:`Progress`): each size probed, what the idle socket waits for. A turn that ends
+with ws_mode's own ``store_unavailable`` fails with the store's hint (:func:`hint_for_error`):
+the middleware is there, its store is not.
 
 The largest message probe (:func:`check_largest_message`) opens a socket per size and sends one
 valid ``response.create`` padded to that exact size: a warm-up (``generate: false``) whose input
@@ -21,17 +24,26 @@ close 1009 (the ASGI server's or a proxy's frame limit), a dropped connection (d
 some proxies), an HTTP 413 at the handshake (a proxy's body limit), or ws_mode's own
 ``message_too_large`` error (``Limits.max_message_bytes``), after which the socket stays usable.
 A ceiling set by ws_mode itself passes the check; one set by another hop fails it, since the
-socket and its cache are lost there (docs/deployment.md, "The message size limit").
+socket and its cache are lost there (docs/deployment.md, "The message size limit"). The probes
+run on the asyncio client (:func:`probe_size` says why).
+
+The idle socket (:func:`check_idle_socket`) sends nothing, not even pings, for
+``idle_seconds``, noting each ping the server sends (:class:`PingTimedConnection`). When a hop
+closes it, the server's pings are timed on a second socket that the client keeps open with its
+own pings (:func:`time_server_pings`), so that the hint tells pings that are off, pings slower
+than the hop's timeout (both numbers given) and a hop that pings cannot keep open.
 
 One module, past 800 lines, because it is one concept: the checks of a live endpoint. The
 checks, the socket and turn helpers they share, the refusals and failures they name and the
-hints that answer them are written against each other (a check fails with a hint key, the
-report renders it), and only ``ws-mode check`` (:mod:`ws_mode.toolkit.cli.check`) uses any of
-it. Needs websockets.
+hints that answer them are written against each other (a check fails with a hint key or a
+hint built from its measures, the report renders it), and only ``ws-mode check``
+(:mod:`ws_mode.toolkit.cli.check`) uses any of it. Needs websockets.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import secrets
 import textwrap
@@ -42,14 +54,20 @@ from typing import Any, Final, Literal
 
 import orjson
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as sync_connect
 
 from ws_mode._protocol import TERMINAL_EVENTS, encode_event
 from ws_mode.testing._client import (
     CLOSE_TIMEOUT,
+    AsyncSocket,
     FrameError,
     SocketClosed,
     SyncSocket,
     connect,
+    connect_async,
     socket_url,
 )
 from ws_mode.testing._expected import new_input
@@ -69,6 +87,9 @@ __all__ = [
     "CheckReport",
     "CheckResult",
     "CheckedTurn",
+    "IdleWait",
+    "PingTimedConnection",
+    "Progress",
     "SizeProbe",
     "Status",
     "Target",
@@ -80,12 +101,19 @@ __all__ = [
     "check_largest_message",
     "check_unknown_previous_response",
     "check_warm_up",
+    "checked_turn",
+    "client_ping_interval",
     "close_code",
+    "describe_pings",
     "describe_refusal",
     "find_ceiling",
     "format_report",
+    "hint_for_error",
+    "no_server_pings_hint",
+    "open_ping_timed_socket",
     "open_socket",
     "padded_warm_up",
+    "pings_ignored_hint",
     "probe_size",
     "read_event",
     "report_json",
@@ -93,6 +121,9 @@ __all__ = [
     "response_create",
     "run_checks",
     "run_turn",
+    "slow_pings_hint",
+    "time_server_pings",
+    "wait_idle",
 ]
 
 
@@ -100,6 +131,10 @@ __all__ = [
 
 #: A check's outcome; ``skipped`` when it was not run (switched off, or the handshake failed).
 Status = Literal["ok", "FAILED", "skipped"]
+#: Told a line of progress while a check runs (what it waits for, each probe's outcome).
+Progress = Callable[[str], None]
+#: How often a long wait says it is still waiting, in seconds.
+PROGRESS_SECONDS: Final = 15.0
 
 #: The width hints are wrapped to.
 HINT_WIDTH: Final = 100
@@ -162,6 +197,13 @@ HINTS: Final[dict[str, str]] = {
     "lanes": "lanes (stream_id) are part of ws_mode's protocol: the handler needs "
     "WebSocketModeMiddleware in front of it (Limits.max_streams and max_in_flight bound "
     "them).",
+    "store": "ws_mode answered (store_unavailable, 503: its own error), so its middleware is "
+    "in front; what failed is its response store, asked for a response this socket had not "
+    "cached. Check the store: that it runs and every worker reaches it (redis-cli -u URL "
+    "ping), the URL's host, port, database and password, and rediss:// only against a Redis "
+    "that speaks TLS; the server's log names the cause and the host (ws_mode's warnings). "
+    "Until it is back, only continuations of responses cached on the same socket work "
+    "(docs/store.md).",
     "cache": "previous_response_id did not resolve on the same socket: the response cache "
     "lives in the connection; a proxy that spreads one socket's frames over workers breaks "
     "it (it cannot happen with one TCP connection per socket).",
@@ -177,9 +219,11 @@ HINTS: Final[dict[str, str]] = {
     "to WebSocket frames) to at least Limits.max_message_bytes (64 MiB by default), or pass "
     "--max-probe-bytes with the size your clients need.",
     "too_large_dropped": "a hop dropped the connection (no close frame) when the message "
-    "grew: daphne and granian drop past their limit, so do some proxies; raise it as for "
-    "1009 (uvicorn --ws-max-size, daphne --websocket-max-message-size and "
-    "--websocket-max-frame-size, the proxy's frame limit).",
+    "grew: daphne and granian drop past their limit, so do some proxies, and behind nginx "
+    "the ASGI server's close 1009 arrives as a dropped connection too (nginx drops the "
+    "close frame when the server stops reading); raise the limit as for 1009 (uvicorn "
+    "--ws-max-size, hypercorn websocket_max_message_size, daphne "
+    "--websocket-max-message-size and --websocket-max-frame-size, the proxy's frame limit).",
     "too_large_413": "a hop answered the socket's handshake with HTTP 413 once messages grew: "
     "raise the proxy's body limit (nginx client_max_body_size) for the socket's location.",
     "too_large_other": "messages past this size do not get through: raise the limit of the "
@@ -188,8 +232,9 @@ HINTS: Final[dict[str, str]] = {
     "idle": "an idle socket was closed: proxies and load balancers close sockets on which "
     "nothing moved for a while (nginx proxy_read_timeout and proxy_send_timeout, 60 s by "
     "default; HAProxy timeout tunnel; AWS ALB idle timeout, 60 s; Cloudflare, 100 s). "
-    "Raise them above Limits.max_connection_seconds, or keep server pings on (uvicorn "
-    "--ws-ping-interval 20, hypercorn websocket_ping_interval): pings reset those timers.",
+    "Raise them above Limits.max_connection_seconds, or have the server ping more often than "
+    "the shortest of them (uvicorn --ws-ping-interval, hypercorn websocket_ping_interval): "
+    "pings reset those timers only when they come before the timeout.",
     "idle_ws_mode": "ws_mode closed the idle socket itself (websocket_idle_timeout): "
     "Limits.max_idle_seconds is shorter than the idle time checked; raise it (or None).",
     "idle_silent": "the socket stayed open but nothing answered after the idle time: a hop "
@@ -359,6 +404,17 @@ def run_turn(
     events: list[dict[str, Any]] = []
     while not events or events[-1]["type"] not in TERMINAL_EVENTS:
         events.append(read_event(socket, max(0.0, deadline - time.monotonic())))
+    return checked_turn(request, events, step, earlier)
+
+
+def checked_turn(
+    request: dict[str, Any],
+    events: list[dict[str, Any]],
+    step: Step,
+    earlier: Mapping[str, int] | None = None,
+) -> CheckedTurn:
+    """A turn's events, up to its terminal one, checked as the kit checks a turn (errors
+    allowed)."""
     response, output = check_events(
         step,
         request,
@@ -368,6 +424,12 @@ def run_turn(
         validate_output=step.generate,
     )
     return CheckedTurn(request, events, response, output)
+
+
+def hint_for_error(error: dict[str, Any], default: str) -> str:
+    """The hint key of a turn that ended with ``error``: ``store`` for ws_mode's
+    ``store_unavailable`` (its store failed, whatever the check asked), else ``default``."""
+    return "store" if error_code(error) == "store_unavailable" else default
 
 
 class CheckFailed(Exception):
@@ -384,7 +446,9 @@ def require_finished(name: str, turn: CheckedTurn, what: str) -> None:
     if turn.error is not None:
         raise CheckFailed(
             CheckResult.failed(
-                name, f"{what} ended with an error: {describe_error(turn.error)}", "model"
+                name,
+                f"{what} ended with an error: {describe_error(turn.error)}",
+                hint_for_error(turn.error, "model"),
             )
         )
     if turn.response is None or turn.response.get("status") == "failed":
@@ -526,6 +590,12 @@ def check_unknown_previous_response(socket: SyncSocket, options: CheckOptions) -
         detail = f"an unknown previous_response_id was answered with {result.events[-1]['type']}"
         return CheckResult.failed(name, detail, "protocol")
     code = error_code(result.error)
+    if code == "store_unavailable":
+        detail = (
+            f"got store_unavailable ({result.error.get('status')}): ws_mode could not ask its "
+            "response store for an id this socket had not cached"
+        )
+        return CheckResult.failed(name, detail, "store", code=code)
     if code != "previous_response_not_found":
         detail = f"expected previous_response_not_found, got {describe_error(result.error)}"
         return CheckResult.failed(name, detail, "protocol")
@@ -611,6 +681,14 @@ _PROBE_FAILURE_HINTS: Final = {
 }
 
 
+#: The servers whose default limit a ceiling found exactly is.
+_DEFAULT_LIMITS: Final = {
+    16 * MiB: "the default limit of uvicorn (--ws-max-size) and hypercorn "
+    "(websocket_max_message_size), and granian's fixed one",
+    1 * MiB: "daphne's default limit (--websocket-max-message-size, --websocket-max-frame-size)",
+}
+
+
 @dataclass(frozen=True)
 class SizeProbe:
     """One size sent: whether it got through, else how it failed (``failure``: ``1009``,
@@ -633,51 +711,88 @@ def padded_warm_up(size: int, options: CheckOptions) -> dict[str, Any]:
 
 
 def probe_size(target: Target, options: CheckOptions, size: int) -> SizeProbe:
-    """Send one padded warm-up of ``size`` bytes on a new socket; how it went."""
+    """Send one padded warm-up of ``size`` bytes on a new socket; how it went.
+
+    On asyncio, not on the blocking client: when a hop closes the socket while the message is
+    still being sent (a frame limit does, on the frame's header), the blocking client's failed
+    send can mark the end of the stream before its reading thread has handed on the close
+    frame it already read; the close then reads as a dropped connection (1006, not 1009) and
+    websockets logs an ``EOFError: stream ended`` traceback. The asyncio client reads the
+    close frame first."""
+    return asyncio.run(_probe_size(target, options, size))
+
+
+async def _probe_size(target: Target, options: CheckOptions, size: int) -> SizeProbe:
     request = padded_warm_up(size, options)
     try:
-        socket = open_socket(target, options)
+        socket = await connect_async(
+            target.base,
+            target.path,
+            headers=options.headers,
+            open_timeout=options.timeout,
+            compression=False,
+        )
     except InvalidStatus as exc:
         status = exc.response.status_code
         if status == 413:
             return SizeProbe(size, False, "413", "HTTP 413 at the handshake")
         return SizeProbe(size, False, "handshake", describe_refusal(exc)[0])
-    except (InvalidHandshake, OSError) as exc:
+    except (InvalidHandshake, OSError, TimeoutError) as exc:
         return SizeProbe(size, False, "handshake", describe_refusal(exc)[0])
-    with socket:
+    async with socket:
+        events: list[dict[str, Any]] = []
         try:
-            result = run_turn(socket, request, options, Step(generate=False))
+            async with asyncio.timeout(options.timeout):
+                await socket.send(request)
+                while not events or events[-1]["type"] not in TERMINAL_EVENTS:
+                    events.append(check_type(await socket.receive()))
         except (ConnectionClosed, SocketClosed, OSError):
-            code = close_code(socket)
-            if code == 1009:
-                return SizeProbe(size, False, "1009", "close 1009 (message too big)")
-            if code in (None, 1006):
-                return SizeProbe(size, False, "dropped", "the connection dropped (no close frame)")
-            reason = socket.connection.close_reason
-            return SizeProbe(
-                size, False, "close", f"close {code}" + (f" ({reason})" if reason else "")
-            )
+            return await _closed_probe(socket, size)
         except TimeoutError:
             return SizeProbe(size, False, "no_answer", f"no answer within {options.timeout:g} s")
-        except (TurnFailed, FrameError) as exc:
+        except FrameError as exc:
+            return SizeProbe(size, False, "protocol", str(frame_failure(exc.kind, exc.frame)))
+        except TurnFailed as exc:
             return SizeProbe(size, False, "protocol", str(exc))
+    try:
+        result = checked_turn(request, events, Step(generate=False))
+    except TurnFailed as exc:
+        return SizeProbe(size, False, "protocol", str(exc))
     if result.completed:
         return SizeProbe(size, True)
     too_large = result.error is not None and error_code(result.error) == "message_too_large"
     return SizeProbe(size, False, "message_too_large" if too_large else "error", result.outcome())
 
 
+async def _closed_probe(socket: AsyncSocket, size: int) -> SizeProbe:
+    """How a probe whose socket closed failed: by the close code the peer sent."""
+    connection = socket.connection
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(connection.wait_closed(), CLOSE_TIMEOUT)
+    code = connection.close_code
+    if code == 1009:
+        return SizeProbe(size, False, "1009", "close 1009 (message too big)")
+    if code in (None, 1006):
+        return SizeProbe(size, False, "dropped", "the connection dropped (no close frame)")
+    reason = connection.close_reason
+    return SizeProbe(size, False, "close", f"close {code}" + (f" ({reason})" if reason else ""))
+
+
 def find_ceiling(
-    target: Target, options: CheckOptions
+    target: Target, options: CheckOptions, progress: Progress | None = None
 ) -> tuple[int | None, SizeProbe | None, list[SizeProbe]]:
     """The largest size that got through (None: not even ``min_probe_bytes``), the first
     failure above it (None: every size up to ``max_probe_bytes`` got through), and every
-    probe sent, in order."""
+    probe sent, in order; ``progress`` hears each probe's outcome."""
     probes: list[SizeProbe] = []
 
     def send(size: int) -> SizeProbe:
-        probes.append(probe_size(target, options, size))
-        return probes[-1]
+        probe = probe_size(target, options, size)
+        probes.append(probe)
+        if progress is not None:
+            outcome = "got through" if probe.ok else probe.detail
+            progress(f"{format_bytes(size)} ({size} B): {outcome}")
+        return probe
 
     low, high = options.min_probe_bytes, options.max_probe_bytes
     passed: int | None = None
@@ -704,9 +819,17 @@ def find_ceiling(
     return passed, failed, probes
 
 
-def check_largest_message(target: Target, options: CheckOptions) -> CheckResult:
-    """The ceiling, and whether a hop other than ws_mode sets it (a failure, with a hint)."""
-    passed, failed, probes = find_ceiling(target, options)
+def check_largest_message(
+    target: Target, options: CheckOptions, progress: Progress | None = None
+) -> CheckResult:
+    """The ceiling, and whether a hop other than ws_mode sets it (a failure, with a hint);
+    ``progress`` hears each probe's outcome."""
+    if progress is not None:
+        progress(
+            f"sending messages from {format_bytes(options.min_probe_bytes)} up to "
+            f"{format_bytes(options.max_probe_bytes)}, one socket each (--max-probe-bytes)"
+        )
+    passed, failed, probes = find_ceiling(target, options, progress)
     data = {
         "ceiling_bytes": passed,
         "failed_bytes": failed.size if failed else None,
@@ -734,51 +857,290 @@ def check_largest_message(target: Target, options: CheckOptions) -> CheckResult:
             "(Limits.max_message_bytes) and the socket stays usable"
         )
         return CheckResult.ok(LARGEST_MESSAGE, detail, **data)
+    hint = HINTS[_PROBE_FAILURE_HINTS.get(failed.failure, "too_large_other")]
+    if passed in _DEFAULT_LIMITS:  # a server's default: name it
+        hint = f"{format_bytes(passed)} is {_DEFAULT_LIMITS[passed]}; {hint}"
     detail = f"{ceiling} gets through; {failed.size} B: {failed.detail}"
-    return CheckResult.failed(
-        LARGEST_MESSAGE, detail, _PROBE_FAILURE_HINTS.get(failed.failure, "too_large_other"), **data
-    )
+    return CheckResult.failed(LARGEST_MESSAGE, detail, hint, **data)
 
 
 # ----------------------------------------------------------------------------- idle
 
+IDLE_SOCKET: Final = "idle socket"
+#: The client's ping interval while the server's pings are timed, as a share of the idle time
+#: after which a hop closed a socket (so that the hop sees a frame well before its timeout)...
+CLIENT_PING_SHARE: Final = 1 / 3
+#: ... and its floor, in seconds.
+MIN_CLIENT_PING_SECONDS: Final = 0.1
+#: How often a socket kept open by client pings is looked at for a server ping, in seconds.
+PING_POLL_SECONDS: Final = 1.0
 
-def check_idle_socket(target: Target, options: CheckOptions) -> CheckResult:
-    """A socket on which nothing moves for ``idle_seconds`` (the client sends no pings) is
-    still open and answers a warm-up afterwards."""
-    name, idle = "idle socket", options.idle_seconds
-    with open_socket(target, options, pings=False) as socket:
-        started = time.monotonic()
+#: The idle timeouts usually found in front of a server, named by the idle hints.
+_IDLE_TIMEOUTS: Final = (
+    "nginx proxy_read_timeout and proxy_send_timeout, 60 s by default, which ingress-nginx "
+    "sets from its proxy-read-timeout and proxy-send-timeout annotations; HAProxy timeout "
+    "tunnel; AWS ALB idle timeout, 60 s; Cloudflare, 100 s"
+)
+#: Where the ASGI servers set their ping interval.
+_PING_SETTINGS: Final = (
+    "uvicorn --ws-ping-interval, hypercorn websocket_ping_interval, daphne --ping-interval; "
+    "granian sends none"
+)
+
+
+class PingTimedConnection(ClientConnection):
+    """A blocking client connection that notes when each ping from the other end arrives:
+    ``pings`` holds their ``time.monotonic()``, ``opened`` when the connection was made. The
+    idle check times the server's pings with it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Set before the connection starts its reading thread, which calls process_event.
+        self.opened = time.monotonic()
+        self.pings: list[float] = []
+        super().__init__(*args, **kwargs)
+
+    def process_event(self, event: Event) -> None:
+        """Note a ping, then process the event as websockets does (it answers the ping)."""
+        if isinstance(event, Frame) and event.opcode is Opcode.PING:
+            self.pings.append(time.monotonic())
+        super().process_event(event)
+
+    def ping_times(self) -> list[float]:
+        """When each ping arrived, in seconds after the connection was made."""
+        return [round(at - self.opened, 3) for at in self.pings]
+
+
+def open_ping_timed_socket(
+    target: Target, options: CheckOptions
+) -> tuple[SyncSocket, PingTimedConnection]:
+    """A socket like ``open_socket(target, options, pings=False)``, whose connection times
+    the pings it gets (:class:`PingTimedConnection`)."""
+    # websockets' own connect, the only one that takes create_connection; the options are
+    # those of the kit's connect (no compression, no size limit, no proxy), without pings.
+    connection = sync_connect(
+        target.url,
+        additional_headers=dict(options.headers),
+        open_timeout=options.timeout,
+        compression=None,
+        max_size=None,
+        proxy=None,
+        close_timeout=CLOSE_TIMEOUT,
+        ping_interval=None,
+        create_connection=PingTimedConnection,
+    )
+    assert isinstance(connection, PingTimedConnection)
+    return SyncSocket(connection), connection
+
+
+@dataclass
+class IdleWait:
+    """What happened on a socket on which the client sent no data frame for ``seconds``:
+    closed after ``closed_after`` seconds (None: still open) with ``close_code``, or an
+    ``event`` arrived after ``event_after`` seconds; ``pings``: when each ping from the other
+    end arrived, in seconds after the socket opened."""
+
+    seconds: float
+    pings: list[float]
+    closed_after: float | None = None
+    close_code: int | None = None
+    event: dict[str, Any] | None = None
+    event_after: float | None = None
+
+
+def wait_idle(
+    socket: SyncSocket,
+    connection: PingTimedConnection,
+    seconds: float,
+    *,
+    client_pings: float | None = None,
+    until_ping: bool = False,
+    progress: Progress | None = None,
+) -> IdleWait:
+    """Send no data frame on ``socket`` for ``seconds`` and see what happens. ``client_pings``
+    sends a ping that often (None: none); ``until_ping`` stops at the first ping from the other
+    end; ``progress`` hears every :data:`PROGRESS_SECONDS` that the wait goes on."""
+    opened = connection.opened
+    deadline = time.monotonic() + seconds
+    next_ping = time.monotonic() + client_pings if client_pings else float("inf")
+    next_report = time.monotonic() + PROGRESS_SECONDS
+    while (now := time.monotonic()) < deadline and not (until_ping and connection.pings):
+        wake = min(deadline, next_ping, next_report)
+        if until_ping:
+            wake = min(wake, now + PING_POLL_SECONDS)
         try:
-            event = read_event(socket, idle)
+            event = read_event(socket, max(0.0, wake - now))
         except TimeoutError:
             pass
         except SocketClosed:
-            took = time.monotonic() - started
-            code = close_code(socket)
-            detail = f"closed after {took:.1f} s of {idle:g} s idle (close {code})"
-            return CheckResult.failed(name, detail, "idle", closed_after=took, close_code=code)
+            took = time.monotonic() - opened
+            return IdleWait(seconds, connection.ping_times(), took, close_code(socket))
         else:
-            took = time.monotonic() - started
+            took = time.monotonic() - opened
+            return IdleWait(seconds, connection.ping_times(), event=event, event_after=took)
+        now = time.monotonic()
+        if client_pings and now >= next_ping:
+            # Closed meanwhile: the next read says so.
+            with contextlib.suppress(ConnectionClosed):
+                connection.ping()
+            next_ping = now + client_pings
+        if progress is not None and now >= next_report:
+            pings = len(connection.pings)
+            heard = f"{pings} ping(s) from the server" if pings else "no ping from the server"
+            progress(f"still open after {now - opened:.0f} s of {seconds:g} s ({heard})")
+            next_report = now + PROGRESS_SECONDS
+    return IdleWait(seconds, connection.ping_times())
+
+
+def describe_pings(pings: list[float]) -> str:
+    """The pings a socket got, in words: how many, and how often."""
+    if not pings:
+        return "no ping from the server"
+    if len(pings) == 1:
+        return f"1 ping from the server, after {pings[0]:.1f} s"
+    gaps = sorted(later - earlier for earlier, later in itertools.pairwise(pings))
+    return f"{len(pings)} pings from the server, every {gaps[len(gaps) // 2]:.1f} s"
+
+
+def check_idle_socket(
+    target: Target, options: CheckOptions, progress: Progress | None = None
+) -> CheckResult:
+    """A socket on which the client sends nothing for ``idle_seconds`` (not even pings) is
+    still open and answers a warm-up afterwards. When a hop closed it, the server's pings are
+    timed on a second socket the client keeps open (:func:`time_server_pings`), so that the
+    hint says whether pings are off, too slow for the hop's timeout, or no help there."""
+    name, idle = IDLE_SOCKET, options.idle_seconds
+    say = progress or (lambda line: None)
+    say(f"waiting {idle:g} s on a socket with nothing sent, not even pings (--idle)")
+    socket, connection = open_ping_timed_socket(target, options)
+    with socket:
+        wait = wait_idle(socket, connection, idle, progress=say)
+        if wait.event is not None:
+            event, took = wait.event, wait.event_after
             if event.get("type") == "error" and error_code(event) == "websocket_idle_timeout":
                 detail = f"ws_mode closed it after {took:.1f} s (websocket_idle_timeout)"
                 return CheckResult.failed(name, detail, "idle_ws_mode", closed_after=took)
             detail = f"an unasked-for {event.get('type')!r} event arrived after {took:.1f} s"
             return CheckResult.failed(name, detail, "protocol")
+        if wait.closed_after is not None:
+            return _closed_when_idle(target, options, wait, say)
         request = response_create(options, "ws-mode check: after idle", generate=False)
         try:
             result = run_turn(socket, request, options, Step(generate=False))
         except TimeoutError:
             detail = f"open after {idle:g} s idle, but a warm-up then got no answer"
-            return CheckResult.failed(name, detail, "idle_silent")
+            return CheckResult.failed(name, detail, "idle_silent", server_pings=wait.pings)
         except (SocketClosed, ConnectionClosed, OSError):
             detail = f"closed when used after {idle:g} s idle (close {close_code(socket)})"
-            return CheckResult.failed(name, detail, "idle")
+            return CheckResult.failed(name, detail, "idle", server_pings=wait.pings)
         if not result.completed:
             detail = f"after {idle:g} s idle, a warm-up ended with {result.outcome()}"
             return CheckResult.failed(name, detail, "protocol")
+    detail = f"open after {idle:g} s without a frame from the client, and answering"
     return CheckResult.ok(
-        name, f"open after {idle:g} s without a frame, and answering", seconds=idle
+        name, f"{detail} ({describe_pings(wait.pings)})", seconds=idle, server_pings=wait.pings
+    )
+
+
+def _closed_when_idle(
+    target: Target, options: CheckOptions, wait: IdleWait, say: Progress
+) -> CheckResult:
+    """The failure of an idle socket a hop closed, with the hint that what was measured
+    calls for."""
+    assert wait.closed_after is not None
+    took, name = wait.closed_after, IDLE_SOCKET
+    detail = f"closed after {took:.1f} s of {wait.seconds:g} s idle (close {wait.close_code})"
+    data: dict[str, Any] = {
+        "closed_after": took,
+        "close_code": wait.close_code,
+        "server_pings": wait.pings,
+    }
+    if wait.pings:
+        detail += f", though {describe_pings(wait.pings)} came before"
+        hint = pings_ignored_hint(took, "the server's pings reached the client")
+        return CheckResult.failed(name, detail, hint, **data)
+    timed = time_server_pings(target, options, took, say)
+    if timed is None:
+        return CheckResult.failed(name, detail + ", no ping from the server before", "idle", **data)
+    every = client_ping_interval(took)
+    data["ping_timing"] = {"client_ping_seconds": every, **asdict(timed)}
+    if timed.pings:
+        first = timed.pings[0]
+        detail += f"; the server's first ping comes {first:.1f} s after a socket opens"
+        return CheckResult.failed(name, detail, slow_pings_hint(took, first), **data)
+    if timed.closed_after is not None:
+        detail += (
+            f"; a socket on which the client pinged every {every:.1f} s was closed too, after "
+            f"{timed.closed_after:.1f} s"
+        )
+        what = f"the client pinged every {every:.1f} s"
+        return CheckResult.failed(name, detail, pings_ignored_hint(took, what), **data)
+    detail += f"; no ping from the server in {wait.seconds:g} s"
+    return CheckResult.failed(name, detail, no_server_pings_hint(took, wait.seconds), **data)
+
+
+def client_ping_interval(closed_after: float) -> float:
+    """How often the client pings while it times the server's pings, given that a hop
+    closed an idle socket after ``closed_after`` seconds."""
+    return max(MIN_CLIENT_PING_SECONDS, closed_after * CLIENT_PING_SHARE)
+
+
+def time_server_pings(
+    target: Target, options: CheckOptions, closed_after: float, say: Progress
+) -> IdleWait | None:
+    """Wait on a new socket, kept open by client pings, for the server's first ping (for
+    ``idle_seconds`` at most); None when no socket opens."""
+    every = client_ping_interval(closed_after)
+    say(
+        f"closed after {closed_after:.1f} s with no ping from the server; timing the "
+        f"server's pings on a socket the client pings every {every:.1f} s (up to "
+        f"{options.idle_seconds:g} s)"
+    )
+    try:
+        socket, connection = open_ping_timed_socket(target, options)
+    except (InvalidHandshake, OSError):
+        return None
+    with socket:
+        return wait_idle(
+            socket,
+            connection,
+            options.idle_seconds,
+            client_pings=every,
+            until_ping=True,
+            progress=say,
+        )
+
+
+def slow_pings_hint(closed_after: float, first_ping: float) -> str:
+    """The hint when the server pings, but less often than a hop's idle timeout."""
+    return (
+        f"the server pings, but its first ping comes after {first_ping:.1f} s and a hop "
+        f"closes a socket idle for {closed_after:.1f} s: pings keep a socket open only when "
+        "they come more often than the shortest idle timeout on the way. Set the server's "
+        f"ping interval below {closed_after:.1f} s ({_PING_SETTINGS}), or raise the hop's idle "
+        f"timeout well above {first_ping:.1f} s ({_IDLE_TIMEOUTS}); raised above "
+        "Limits.max_connection_seconds, it also keeps the sockets of clients that never ping."
+    )
+
+
+def no_server_pings_hint(closed_after: float, waited: float) -> str:
+    """The hint when a hop closes idle sockets and the server sends no pings."""
+    return (
+        f"a hop closes a socket idle for {closed_after:.1f} s, and the server sent no ping "
+        f"in {waited:g} s (its pings are off, or slower than that): turn them on with an "
+        f"interval below {closed_after:.1f} s ({_PING_SETTINGS}), or raise the hop's idle "
+        f"timeout ({_IDLE_TIMEOUTS}) above Limits.max_connection_seconds. Clients that ping "
+        "(the openai SDK, every 20 s) keep their own sockets open meanwhile."
+    )
+
+
+def pings_ignored_hint(closed_after: float, what: str) -> str:
+    """The hint when a hop closed an idle socket although pings went through it."""
+    return (
+        f"a hop closed the socket after {closed_after:.1f} s although {what}: it counts only "
+        "data frames, or it limits a connection's life whatever moves (a Google Cloud load "
+        "balancer's backend service timeout), so pings cannot keep sockets open there. Raise "
+        f"that timeout above Limits.max_connection_seconds ({_IDLE_TIMEOUTS}), or lower "
+        "max_connection_seconds below it, so that ws_mode ends its sockets first, cleanly."
     )
 
 
@@ -798,8 +1160,11 @@ def run_checks(
     target: Target,
     options: CheckOptions,
     on_result: Callable[[CheckResult], None] | None = None,
+    on_progress: Callable[[str, str], None] | None = None,
 ) -> CheckReport:
-    """Run every check against ``target``; ``on_result`` hears each result as it comes."""
+    """Run every check against ``target``; ``on_result`` hears each result as it comes,
+    ``on_progress`` each line of progress of a long check (``(check, line)``: what it waits
+    for, each message size probed)."""
     results: list[CheckResult] = []
 
     def record(result: CheckResult) -> None:
@@ -807,19 +1172,31 @@ def run_checks(
         if on_result is not None:
             on_result(result)
 
-    handshake = check_handshake(target, options)
-    record(handshake)
+    def progress_of(name: str) -> Progress | None:
+        if on_progress is None:
+            return None
+        return lambda line: on_progress(name, line)
+
     checks: list[tuple[str, Callable[[], CheckResult]]] = []
     for name, check in SOCKET_CHECKS:
         checks.append((name, _on_new_socket(target, options, check)))
-    checks.append(("largest message", lambda: check_largest_message(target, options)))
-    checks.append(("idle socket", lambda: check_idle_socket(target, options)))
+    checks.append(
+        (
+            LARGEST_MESSAGE,
+            lambda: check_largest_message(target, options, progress_of(LARGEST_MESSAGE)),
+        )
+    )
+    checks.append(
+        (IDLE_SOCKET, lambda: check_idle_socket(target, options, progress_of(IDLE_SOCKET)))
+    )
+    handshake = check_handshake(target, options)
+    record(handshake)
     for name, run in checks:
         if handshake.status != "ok":
             record(CheckResult.skipped(name, "the handshake failed"))
-        elif name == "largest message" and not options.max_probe_bytes:
+        elif name == LARGEST_MESSAGE and not options.max_probe_bytes:
             record(CheckResult.skipped(name, "--max-probe-bytes 0"))
-        elif name == "idle socket" and not options.idle_seconds:
+        elif name == IDLE_SOCKET and not options.idle_seconds:
             record(CheckResult.skipped(name, "--idle 0"))
         else:
             record(_run_guarded(name, options, run))

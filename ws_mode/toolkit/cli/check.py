@@ -3,6 +3,8 @@
 Points the checks of :mod:`ws_mode.toolkit.check` at any live endpoint (ours or anyone's,
 local or behind proxies and load balancers) and prints one row a check (``ok``, ``FAILED`` or
 ``skipped``), then for each failure what to change in the server, the proxy or the balancer.
+While it runs, it says on stderr what it does (each result as it comes, what a long check waits
+for, each message size probed); ``--quiet`` leaves only the table.
 Exits 1 when a check fails, so a deployment can run it in CI; ``--json FILE`` writes the
 results. The URL is the HTTP API's base (``http://host:8000``, ``https://host/v1``, as the
 openai SDK's ``base_url``) or the socket's own (``wss://host/v1/responses``).
@@ -107,7 +109,9 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=75.0,
         metavar="SECONDS",
         help="how long the idle socket stays silent, the client sending no pings; 0 skips "
-        "the check (default: %(default)g, past the 60 s idle timeouts of nginx and AWS ALB)",
+        "the check (default: %(default)g, past the 60 s idle timeouts of nginx and AWS ALB). "
+        "When a hop closes it, the server's pings are timed on a socket the client keeps open "
+        "with its own pings, for as long again at most",
     )
     check.add_argument(
         "--min-probe-bytes",
@@ -125,6 +129,13 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "probe (default: 64MiB, ws_mode's Limits.max_message_bytes)",
     )
     check.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    check.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print no progress on stderr (each check's result as it comes, what a long "
+        "check waits for): only the table, on stdout",
+    )
     check.set_defaults(run=run_check)
 
 
@@ -155,15 +166,19 @@ def run_check(args: argparse.Namespace) -> int:
         max_probe_bytes=args.max_probe_bytes,
     )
     target = Target(base, path)
-    interactive = sys.stderr.isatty()
-    if interactive:
-        print(f"{PROG} check: checking {target.url}", file=sys.stderr, flush=True)
 
-    def progress(result: CheckResult) -> None:
-        if interactive:
-            print(f"  {result.name}: {result.status}", file=sys.stderr, flush=True)
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
 
-    report = run_checks(target, options, progress)
+    def on_result(result: CheckResult) -> None:
+        say(f"  {result.name}: {result.status}")
+
+    def on_progress(check: str, line: str) -> None:
+        say(f"  {check}: {line}")
+
+    say(f"{PROG} check: checking {target.url}")
+    report = run_checks(target, options, on_result, on_progress)
     print("\n".join(format_report(report)), flush=True)
     if args.json is not None:
         try:
