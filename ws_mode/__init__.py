@@ -14,8 +14,8 @@ from ._auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_tok
 from ._cache import CachedResponse
 from ._errors import ConfigError, WSModeError
 from ._limits import Limits
-from ._middleware import ResponseHook, WebSocketModeMiddleware, find_middlewares
-from ._settings import FullContext
+from ._middleware import WebSocketModeMiddleware, find_middlewares
+from ._settings import FullContext, ResponseHook
 from ._stats import Stats
 from ._store import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
 from ._tokens import Renderer, Tokens

@@ -16,8 +16,6 @@ from ._settings import Settings
 from ._socket import ClientGone
 from ._turn import Turn
 
-__all__ = ["AfterResponses"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -33,16 +33,6 @@ from ._asgi import Scope
 from ._errors import WSModeError
 from ._hooks import call_hook
 
-__all__ = [
-    "AuthenticationFailed",
-    "Authenticator",
-    "PrincipalKey",
-    "UnkeyedPrincipal",
-    "authenticate",
-    "bearer_token",
-    "principal_key",
-]
-
 logger = logging.getLogger(__name__)
 
 #: `authenticate(scope)`: returns the principal (any value) or raises `AuthenticationFailed`.

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["ACCOUNT", "CONNECTION_COST", "PARSE_FACTOR", "MemoryAccount", "MemoryBudget"]
-
 #: What an idle socket costs the server (60 KiB measured under uvicorn; docs/limits.md),
 #: reserved for as long as it is open.
 CONNECTION_COST = 64 * 1024

@@ -19,15 +19,6 @@ from ._items import Items, encode_items
 from ._logs import for_log
 from ._tokens import Tokens
 
-__all__ = [
-    "NODE_OVERHEAD",
-    "VALUE_OVERHEAD",
-    "CachedResponse",
-    "ResponseCache",
-    "decoded_size",
-    "encode_items",
-]
-
 logger = logging.getLogger(__name__)
 
 # How many responses too large to cache a connection remembers, to explain a later miss.

@@ -16,17 +16,6 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 from ._items import Items
 from ._protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
 
-__all__ = [
-    "CreateEvent",
-    "ProcessedEvent",
-    "ProtocolError",
-    "SteerEvent",
-    "may_store",
-    "parse_client_event",
-    "store_problem",
-    "text_input",
-]
-
 
 class ProtocolError(Exception):
     """A request the connection refuses; it becomes one error event."""

@@ -35,8 +35,6 @@ from ._settings import Settings
 from ._socket import ClientGone
 from ._turn_runner import TurnRunner
 
-__all__ = ["Connection", "SocketState"]
-
 logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.

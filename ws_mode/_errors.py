@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "WSModeError"]
-
 
 class WSModeError(Exception):
     """Base class of every error ws_mode raises."""

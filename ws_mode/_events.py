@@ -25,8 +25,6 @@ from ._socket import ClientSocket
 from ._steering import SteerInbox
 from ._tap import ResponseTap
 
-__all__ = ["ResponseOwner", "ResponseStream", "lifecycle_events"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -44,15 +44,6 @@ from ._client_events import (
 )
 from ._logs import for_log
 
-__all__ = [
-    "OFF_LOOP_BYTES",
-    "HelperDied",
-    "HelperUnavailable",
-    "held_cost",
-    "in_helper",
-    "parse_frame",
-]
-
 logger = logging.getLogger(__name__)
 
 #: Frames (and stateful HTTP bodies) this long or longer are parsed in a helper process.

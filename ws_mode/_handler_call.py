@@ -23,14 +23,6 @@ from ._protocol import error_event, server_error
 from ._socket import ClientGone
 from ._sse import SSEDecoder, content_type, is_event_stream
 
-__all__ = [
-    "EventSink",
-    "HandlerCall",
-    "handler_headers",
-    "http_scope",
-    "replay_body",
-]
-
 logger = logging.getLogger(__name__)
 
 # Headers the synthetic request sets itself, and `accept-encoding` (a compressing middleware

@@ -14,8 +14,6 @@ from typing import Final
 
 from ._asgi import Scope
 
-__all__ = ["HOP_BY_HOP", "end_to_end", "header"]
-
 HOP_BY_HOP: Final = frozenset(
     {
         b"connection",

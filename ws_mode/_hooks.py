@@ -31,8 +31,6 @@ from typing import Any, Final
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
-__all__ = ["HOOK_THREADS", "call_hook", "django_configured", "is_async"]
-
 #: How many sync hook calls run at once in a process (threads of ws_mode's own pool). The pool
 #: is the process's, shared by every middleware in it (as the event loop's default executor
 #: is), so this is not a per-middleware `Limits` field; hooks that need more concurrency than

@@ -12,8 +12,6 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Items", "encode_items", "with_input"]
-
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
     """Encode items as a JSON array's contents, without the brackets: `{..},{..}`.

@@ -20,8 +20,6 @@ from ._client_events import CreateEvent, ProtocolError
 from ._limits import Limits
 from ._protocol import MEMORY_BUDGET_EXCEEDED, memory_budget_message
 
-__all__ = ["Lanes"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -6,8 +6,6 @@ from dataclasses import dataclass, fields
 
 from ._errors import ConfigError
 
-__all__ = ["Limits"]
-
 MiB = 1024 * 1024
 
 

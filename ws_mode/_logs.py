@@ -34,15 +34,6 @@ import logging
 import sys
 from typing import Final
 
-__all__ = [
-    "LOG_VALUE_CHARS",
-    "RefusalLineFilter",
-    "filter_uvicorn_refusals",
-    "for_log",
-    "refused_here",
-    "show_on_stderr",
-]
-
 LOGGER: Final = "ws_mode"
 #: How many characters of a value :func:`for_log` keeps by default: an id is about 50.
 LOG_VALUE_CHARS: Final = 200

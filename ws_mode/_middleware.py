@@ -39,14 +39,6 @@ from ._store import ResponseStore
 from ._tokens import Renderer
 from ._turn import turn
 
-__all__ = [
-    "FullContext",
-    "ResponseHook",
-    "Settings",
-    "WebSocketModeMiddleware",
-    "find_middlewares",
-]
-
 logger = logging.getLogger(__name__)
 
 

@@ -18,8 +18,6 @@ from ._asgi import Scope
 from ._errors import ConfigError
 from ._headers import header
 
-__all__ = ["OriginPolicy"]
-
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 

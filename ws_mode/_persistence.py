@@ -29,17 +29,6 @@ from ._logs import for_log
 from ._stats import Stats
 from ._store import QuotaExceeded, ResponseStore, StoredResponse, chain_of
 
-__all__ = [
-    "StoreLink",
-    "StoreUnavailable",
-    "flush_writes",
-    "load_chain",
-    "pending_writes",
-    "start_write",
-    "store_scope",
-    "write_records",
-]
-
 logger = logging.getLogger(__name__)
 
 #: The pause before a missing response is looked up once more (a write's marker may be on

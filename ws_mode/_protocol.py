@@ -12,28 +12,6 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = [
-    "CLIENT_CALLS",
-    "DECODED_EVENTS",
-    "FAILURE_EVENTS",
-    "RESPONSE_EVENTS",
-    "STREAM_ID",
-    "SUCCESS_EVENTS",
-    "TERMINAL_EVENTS",
-    "TERMINAL_EVENT_BY_STATUS",
-    "encode_event",
-    "error_body",
-    "error_event",
-    "error_type_for_status",
-    "json_answer",
-    "memory_budget_exceeded",
-    "memory_budget_message",
-    "not_found",
-    "quoted_id",
-    "server_error",
-    "store_unavailable",
-]
-
 #: A lane's name: 1 to 256 characters of letters, digits, `_`, `.` and `-`.
 STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,256}\Z")
 

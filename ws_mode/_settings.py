@@ -17,8 +17,6 @@ from ._store import ResponseStore
 from ._tokens import Renderer
 from ._turn import Turn
 
-__all__ = ["CacheMiss", "FullContext", "ResponseHook", "Settings", "check_principals"]
-
 logger = logging.getLogger(__name__)
 
 FullContext = Literal["always", "on_miss"]

@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-__all__ = ["ClientGone", "ClientSocket"]
-
 
 class ClientGone(OSError):
     """The WebSocket client went away, stopped reading, or may no longer cause work (its

@@ -15,16 +15,6 @@ from typing import Any
 
 import orjson
 
-__all__ = [
-    "SSEBlock",
-    "SSEBlocks",
-    "SSEDecoder",
-    "SSEEvent",
-    "content_type",
-    "encode_sse",
-    "is_event_stream",
-]
-
 _BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 

@@ -17,8 +17,6 @@ from typing import Any, TypeVar
 
 from ._asgi import ASGIApp, Receive, Scope, Send
 
-__all__ = ["entry", "find", "say_where_turns_enter"]
-
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

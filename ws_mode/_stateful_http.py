@@ -53,8 +53,6 @@ from ._store import ResponseStore, StoredResponse
 from ._tap import ResponseTap
 from ._turn import turn
 
-__all__ = ["StatefulHTTP"]
-
 logger = logging.getLogger(__name__)
 
 

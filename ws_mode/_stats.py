@@ -20,16 +20,6 @@ from typing import Any, Literal, NamedTuple
 
 from ._budget import MemoryBudget
 
-__all__ = [
-    "INF_BOUND",
-    "LATENCY_BUCKETS",
-    "METRICS",
-    "Metric",
-    "Stats",
-    "bound_label",
-    "live_stats",
-]
-
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: The last bucket's bound as `snapshot()` and Prometheus write it (JSON has no infinity).

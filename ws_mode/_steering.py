@@ -49,17 +49,6 @@ from ._limits import Limits
 from ._protocol import CLIENT_CALLS, MEMORY_BUDGET_EXCEEDED, memory_budget_message, quoted_id
 from ._tap import ResponseTap
 
-__all__ = [
-    "MAX_WAITING_RESPONSES",
-    "Outcome",
-    "Steer",
-    "SteerInbox",
-    "Steering",
-    "required_input",
-    "steer_failed_event",
-    "steer_input_problem",
-]
-
 #: Responses that may hold steering input waiting for the client's tool output; past this
 #: many, the oldest one's input is dropped (a client that never continued it). What that
 #: input may cost is bounded by `Limits.max_steer_bytes`; this only bounds the bookkeeping.
@@ -407,31 +396,33 @@ def _with_input(
     )
 
 
-def accepted_event(steer: Steer, lane: str | None, sequence_number: int) -> dict[str, Any]:
-    """`response.steer.accepted`: the input is queued (not yet applied); numbered among the
-    events of the response it steers."""
-    event: dict[str, Any] = {
-        "type": "response.steer.accepted",
-        "sequence_number": sequence_number,
-        "steer": {"id": steer.id, "previous_response_id": steer.target},
-    }
+def _steer_event(
+    kind: str, lane: str | None, sequence_number: int, **fields: Any
+) -> dict[str, Any]:
+    """A `response.steer.*` event of `kind`, on `lane` when it has one."""
+    event: dict[str, Any] = {"type": kind, "sequence_number": sequence_number, **fields}
     if lane is not None:
         event["stream_id"] = lane
     return event
+
+
+def accepted_event(steer: Steer, lane: str | None, sequence_number: int) -> dict[str, Any]:
+    """`response.steer.accepted`: the input is queued (not yet applied); numbered among the
+    events of the response it steers."""
+    target = {"id": steer.id, "previous_response_id": steer.target}
+    return _steer_event("response.steer.accepted", lane, sequence_number, steer=target)
 
 
 def pending_event(steer: Steer, stubs: list[dict[str, Any]], lane: str | None) -> dict[str, Any]:
     """`response.steer.pending`: the input stays queued until the client answers `stubs`."""
-    event: dict[str, Any] = {
-        "type": "response.steer.pending",
-        "sequence_number": 0,
-        "reason": "waiting_for_required_input",
-        "required_input": stubs,
-        "steer": {"id": steer.id, "previous_response_id": steer.target},
-    }
-    if lane is not None:
-        event["stream_id"] = lane
-    return event
+    return _steer_event(
+        "response.steer.pending",
+        lane,
+        0,
+        reason="waiting_for_required_input",
+        required_input=stubs,
+        steer={"id": steer.id, "previous_response_id": steer.target},
+    )
 
 
 def not_committed(steer: Steer, code: str, lane: str | None) -> dict[str, Any]:
@@ -454,12 +445,10 @@ def steer_failed_event(
     """A `response.steer.failed` event returning the uncommitted input to the client; it
     carries the target response's lane when that is known."""
     kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
-    event: dict[str, Any] = {
-        "type": "response.steer.failed",
-        "sequence_number": 0,
-        "error": {"type": kind, "code": code, "message": message},
-        "steer": {"previous_response_id": previous_response_id, "input": input},
-    }
-    if stream_id is not None:
-        event["stream_id"] = stream_id
-    return event
+    return _steer_event(
+        "response.steer.failed",
+        stream_id,
+        0,
+        error={"type": kind, "code": code, "message": message},
+        steer={"previous_response_id": previous_response_id, "input": input},
+    )

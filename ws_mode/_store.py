@@ -18,15 +18,6 @@ from typing import Any, Protocol
 
 import orjson
 
-__all__ = [
-    "DEFAULT_TTL_SECONDS",
-    "MemoryStore",
-    "QuotaExceeded",
-    "ResponseStore",
-    "StoredResponse",
-    "chain_of",
-]
-
 #: How long a stored response lives: 30 days, as OpenAI keeps stored responses.
 DEFAULT_TTL_SECONDS = 30 * 24 * 3600.0
 

@@ -12,8 +12,6 @@ from orjson import JSONDecodeError, loads
 
 from ._protocol import CLIENT_CALLS, FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS
 
-__all__ = ["ResponseTap"]
-
 logger = logging.getLogger(__name__)
 
 

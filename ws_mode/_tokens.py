@@ -12,8 +12,6 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
-__all__ = ["Renderer", "Tokens"]
-
 #: Renders items (input or output items of a response) to token ids.
 Renderer = Callable[[list[dict[str, Any]]], Iterable[int]]
 

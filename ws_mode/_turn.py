@@ -14,8 +14,6 @@ from ._items import Items, with_input
 from ._steering import SteerInbox
 from ._tokens import Tokens
 
-__all__ = ["Turn", "build_body", "tools_digest", "turn"]
-
 SCOPE_KEY = "ws_mode"
 
 

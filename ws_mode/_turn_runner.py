@@ -39,8 +39,6 @@ from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
 from ._turn import Turn, build_body, tools_digest
 
-__all__ = ["TurnRunner"]
-
 logger = logging.getLogger(__name__)
 
 # How many distinct tool sets keep their handler-made artifacts per connection.

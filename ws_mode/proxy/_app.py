@@ -36,8 +36,6 @@ from ._upstream import (
     public_url,
 )
 
-__all__ = ["API_PREFIX", "ResponsesProxy", "create_proxy"]
-
 API_PREFIX: Final = "/v1"
 """The client path prefix an upstream URL with a path stands for."""
 _SAFE_PATH: Final = "/:@!$&'()*+,;=~"

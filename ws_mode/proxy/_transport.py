@@ -22,15 +22,6 @@ from ._upstream import DEFAULT_LIMITS, UpstreamError, UpstreamFailure
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = [
-    "AiohttpTransport",
-    "Content",
-    "HttpxTransport",
-    "Transport",
-    "UpstreamAnswer",
-    "aiohttp_installed",
-    "transport_for",
-]
 
 # Headers aiohttp would add to what the client sent (httpx adds neither).
 _NOT_ADDED: Final = ("User-Agent", "Content-Type")

@@ -22,19 +22,6 @@ from .._logs import for_log
 from .._protocol import error_body, json_answer
 from .._sse import encode_sse
 
-__all__ = [
-    "DEFAULT_LIMITS",
-    "DEFAULT_TIMEOUT",
-    "REQUEST_DROPPED",
-    "BodyDecoder",
-    "UpstreamError",
-    "UpstreamFailure",
-    "answer_headers",
-    "check_upstream",
-    "log_failure",
-    "public_url",
-]
-
 logger = logging.getLogger("ws_mode.proxy")
 
 DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)

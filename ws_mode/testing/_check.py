@@ -21,8 +21,6 @@ from ._program import Conversation, Step
 from ._recorder import RUN_HEADER, Recorder
 from ._report import Report
 
-__all__ = ["CheckOptions", "CompatibilityCheck", "check_conversation"]
-
 
 class CheckOptions(TypedDict, total=False):
     """The keyword options of `CompatibilityCheck` (and of the `ws_mode_check` fixture)."""

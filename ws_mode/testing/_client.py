@@ -33,20 +33,6 @@ from websockets.sync.client import connect as sync_connect
 
 from .._protocol import TERMINAL_EVENTS, encode_event
 
-__all__ = [
-    "ANY_LANE",
-    "DEFAULT_PATH",
-    "AsyncSocket",
-    "FrameError",
-    "SocketClosed",
-    "SyncSocket",
-    "connect",
-    "connect_async",
-    "decode_event",
-    "ends_turn",
-    "socket_url",
-]
-
 DEFAULT_PATH: Final = "/v1/responses"
 #: How long closing a socket may take before it is dropped, in seconds.
 CLOSE_TIMEOUT: Final = 2.0

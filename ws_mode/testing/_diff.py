@@ -7,8 +7,6 @@ from typing import Any
 
 import orjson
 
-__all__ = ["diff_fields", "diff_items", "short"]
-
 SHORT = 240  # characters of a value shown in a failure message
 
 

@@ -19,8 +19,6 @@ from ._program import Step
 from ._recorder import RUN_HEADER, RecordedCall
 from ._report import TurnFailed
 
-__all__ = ["Node", "Plan", "check_calls", "new_input", "plan_turn"]
-
 # Fields of a create the handler never receives as they are.
 NOT_FORWARDED = SOCKET_ONLY_FIELDS | {"input", "previous_response_id"}
 

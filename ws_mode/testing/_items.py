@@ -7,8 +7,6 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Item", "as_items", "copy_json", "pending_calls"]
-
 Item = dict[str, Any]
 
 

@@ -37,22 +37,6 @@ from .._limits import Limits
 #: How often the servers started here ping their sockets, to find peers that vanished.
 PING_SECONDS: Final = 20.0
 
-__all__ = [
-    "HOST",
-    "WS_MAX_SIZE",
-    "ServerName",
-    "ServerProcess",
-    "ServerStartError",
-    "ServerThread",
-    "add_child_arguments",
-    "bind_loopback",
-    "exit_with_parent",
-    "origin",
-    "serve_inherited",
-    "server_process",
-    "wait_answering",
-    "ws_max_size",
-]
 
 HOST: Final = "127.0.0.1"
 ServerName = Literal["uvicorn", "hypercorn"]

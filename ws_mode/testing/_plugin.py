@@ -21,8 +21,6 @@ from ._check import CheckOptions, CompatibilityCheck
 from ._program import Conversation, Step
 from ._report import Report
 
-__all__ = ["CompatibilityChecks", "ws_mode_check"]
-
 
 class CompatibilityChecks:
     """What the `ws_mode_check` fixture gives: `ws_mode_check(app, program, **options)` checks

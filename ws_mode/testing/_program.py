@@ -17,18 +17,6 @@ from .._protocol import SOCKET_ONLY_FIELDS, STREAM_ID
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-__all__ = [
-    "DEFAULT_FIELDS",
-    "DEFAULT_INSTRUCTIONS",
-    "DEFAULT_LANES",
-    "DEFAULT_MODELS",
-    "DEFAULT_TOOLS",
-    "Action",
-    "Conversation",
-    "InputForm",
-    "Step",
-    "conversations",
-]
 
 #: What a step builds on: "continue" the latest response of its lane (of any lane when its own
 #: has none), "fork" from an older response, start a "fresh" chain, or "recover": resend the

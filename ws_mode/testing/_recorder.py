@@ -14,8 +14,6 @@ from .._handler_call import replay_body
 from .._turn import turn
 from ._items import as_items, copy_json
 
-__all__ = ["RUN_HEADER", "RecordedCall", "Recorder"]
-
 #: The handshake header that tags a run's handler calls (the handler sees the handshake's
 #: headers on every turn).
 RUN_HEADER = "x-ws-mode-check"

@@ -10,8 +10,6 @@ from ._items import Item
 from ._program import Step
 from ._recorder import RecordedCall
 
-__all__ = ["CompatibilityError", "Report", "TurnFailed", "TurnReport", "turn_line"]
-
 
 class CompatibilityError(AssertionError):
     """The check found a difference between WebSocket mode and HTTP, or an invalid stream.

@@ -25,8 +25,6 @@ from ._recorder import Recorder
 from ._report import CompatibilityError, Report, TurnFailed, TurnReport, turn_line
 from ._validation import check_events, check_type, error_code, frame_failure
 
-__all__ = ["ProgramRun", "RunOptions", "run_program"]
-
 
 @dataclass(frozen=True)
 class RunOptions:

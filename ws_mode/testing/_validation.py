@@ -14,8 +14,6 @@ from ._items import Item, copy_json
 from ._program import Step
 from ._report import TurnFailed
 
-__all__ = ["check_events", "check_type", "error_code", "frame_failure", "validate_items"]
-
 
 def frame_failure(kind: str, frame: str | bytes) -> TurnFailed:
     """The failure of a frame that holds no event: a `binary_frame`, one `not_json`, or

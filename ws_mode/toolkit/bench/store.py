@@ -47,7 +47,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.exceptions import InvalidHandshake
 
-from ws_mode._middleware import FullContext
+from ws_mode import FullContext
 from ws_mode.testing._client import AsyncSocket, SyncSocket, connect, connect_async
 from ws_mode.testing._loopback import (
     ServerStartError,

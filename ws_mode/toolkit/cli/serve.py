@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast, get_args
 
+from ws_mode import FullContext, WebSocketModeMiddleware
 from ws_mode._limits import Limits
-from ws_mode._middleware import FullContext, WebSocketModeMiddleware
 from ws_mode._store import ResponseStore
 
 from ..args import number
