@@ -1,1 +1,1 @@
-"""Tests of the tools' shared pieces (`ws_mode.tools`): clients, runner, rollout, measurements."""
+"""Tests of the toolkit (`ws_mode.toolkit`): its commands, bench, reference server and shared tools."""
