@@ -19,7 +19,7 @@ and the bytes the client sent, and raise :class:`RolloutError` when the server a
 The drivers are synchronous (the tools' clients: :class:`~ws_mode.toolkit.http_client.HttpClient`
 and :class:`~ws_mode.testing._client.SyncSocket`); run them in threads for concurrent rollouts.
 
-Needs the ``cli`` extra (``pip install "ws-mode[cli]"``) for httpx and websockets.
+Needs the ``cli`` extra (``pip install ".[cli]"`` in a clone of ws_mode) for httpx and websockets.
 """
 
 from __future__ import annotations

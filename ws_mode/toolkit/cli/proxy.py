@@ -21,13 +21,17 @@ from .common import (
     API_PATH,
     PROG,
     CommandError,
+    Requirements,
     add_server_arguments,
     run_server,
 )
 
-__all__ = ["UPSTREAM_KEY_ENV", "add_command"]
+__all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+#: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
+#: and httpx (its timeouts; the upstream client when aiohttp, also in the extra, is missing).
+PROXY_REQUIREMENTS: Final = Requirements("proxy", ("uvicorn", "websockets", "httpx"))
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,7 +85,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=600.0,
         help="seconds to wait for the upstream on each read (default: %(default)g)",
     )
-    proxy.set_defaults(run=_proxy)
+    proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
 
 def _proxy(args: argparse.Namespace) -> int:
