@@ -72,9 +72,11 @@ class Requirements:
         return install_hint(self.extra)
 
 
-#: What every command but ``proxy`` needs: the reference server under uvicorn, the clients,
-#: the display (the ``cli`` extra).
-CLI_REQUIREMENTS: Final = Requirements("cli", ("uvicorn", "httpx", "websockets", "rich"))
+#: What every command but ``proxy`` needs (the ``cli`` extra): the reference server (a
+#: Starlette app with its tokenizer) under uvicorn, the clients, the display.
+CLI_REQUIREMENTS: Final = Requirements(
+    "cli", ("uvicorn", "httpx", "websockets", "rich", "starlette", "tokenizers")
+)
 
 
 def add_server_arguments(
