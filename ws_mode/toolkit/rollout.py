@@ -264,8 +264,9 @@ def _socket_errors(url: str, timeout: float) -> Iterator[None]:
         raise RolloutError(f"could not connect to {url}: {exc}") from exc
 
 
-def _refusal(body: bytes | None) -> str:
-    """What a refused handshake's body says: its error envelope's one line, or its text."""
+def _refusal(body: bytes | bytearray | None) -> str:
+    """What a refused handshake's body says: its error envelope's one line, or its text.
+    (websockets types the body as bytes or None before 17, bytes or bytearray from 17 on.)"""
     if not body:
         return ""
     try:
