@@ -1,8 +1,8 @@
 """A response store in Redis: stored responses shared by every worker and host.
 
 `RedisStore` implements `ws_mode._store.ResponseStore` with `redis.asyncio` (install the
-`redis` extra: `pip install ws-mode[redis]`). Keys are scoped by a digest of the principal,
-never the principal itself::
+`redis` extra: `pip install ".[redis]"` in a clone of ws_mode). Keys are scoped by a digest of
+the principal, never the principal itself::
 
     {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
     {prefix}:{<principal digest>}:c:<chain id>     ->  a hash: response id -> record bytes
@@ -40,6 +40,7 @@ import hashlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._install import install_hint
 from ._store import DEFAULT_TTL_SECONDS, QuotaExceeded, StoredResponse
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ class RedisStore:
             from redis.backoff import NoBackoff
             from redis.exceptions import ConnectionError
         except ImportError as error:  # pragma: no cover - the extra is not installed
-            raise ImportError("RedisStore needs redis-py: pip install 'ws-mode[redis]'") from error
+            raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         pool = BlockingConnectionPool.from_url(
             url,

@@ -17,6 +17,7 @@ runs with `--run-slow` or with `HYPOTHESIS_PROFILE=long`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -369,11 +370,13 @@ class Session:
     lanes: set[str] = field(default_factory=set)
     bursts: int = 0
     codes: Counter[str] = field(default_factory=Counter)
+    #: The context ``socket`` was opened in (websockets' connect() is a context manager).
+    opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def open(self) -> None:
         self.close()
-        self.socket = connect(
-            self.url, max_size=None, open_timeout=10, close_timeout=2, ping_interval=None
+        self.socket = self.opened.enter_context(
+            connect(self.url, max_size=None, open_timeout=10, close_timeout=2, ping_interval=None)
         )
         self.pool.clear()
         self.lanes = {ANCHOR_LANE}
@@ -385,9 +388,8 @@ class Session:
         self.anchor_context = [user, *response["output"]]
 
     def close(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
-            self.socket = None
+        self.opened.close()
+        self.socket = None
 
     def send(self, event: dict[str, Any]) -> None:
         assert self.socket is not None

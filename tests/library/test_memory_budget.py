@@ -11,6 +11,7 @@ the account is back at zero once every socket has closed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -105,7 +106,8 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
                                "input": "hi"}))  # fmt: skip
         assert _answer(first)["type"] == "response.completed"
     before = _stats(server)["rss"]
-    sockets = [connect(url, max_size=None) for _ in range(SOCKETS)]
+    opened = contextlib.ExitStack()  # websockets' connect() is a context manager
+    sockets = [opened.enter_context(connect(url, max_size=None)) for _ in range(SOCKETS)]
     try:
         extensions = sockets[0].response.headers.get("Sec-WebSocket-Extensions", "")
         assert "permessage-deflate" in extensions  # a few KB on the wire per frame
@@ -145,8 +147,7 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
         assert _answer(sockets[0])["type"] == "response.completed"
         assert kept
     finally:
-        for socket in sockets:
-            socket.close()
+        opened.close()
     # Every reservation was given back: caches, sockets, frames.
     after = _wait_for(server, lambda stats: stats["connections_open"] == 0)
     assert after["memory_bytes"] == 0

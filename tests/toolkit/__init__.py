@@ -1,1 +1,2 @@
-"""Tests of the toolkit (`ws_mode.toolkit`): its commands, bench, reference server and shared tools."""
+"""Tests of the toolkit (`ws_mode.toolkit`): its commands, bench, reference server and shared
+tools."""

@@ -11,8 +11,8 @@ speaks the HTTP Responses API (vLLM, Ollama, LiteLLM, OpenAI itself)::
 Every HTTP request is forwarded with aiohttp (httpx when aiohttp is not installed, or when you
 pass an ``httpx.AsyncClient``), streaming both ways: the request body goes up as it arrives, the
 answer comes down chunk by chunk as the upstream sends it (an SSE stream flows event by event).
-See ``docs/proxy.md`` for the path rule, authentication and limits. Needs the ``cli`` extra
-and aiohttp: ``pip install "ws-mode[cli]" aiohttp``.
+See ``docs/proxy.md`` for the path rule, authentication and limits. Needs the ``proxy`` extra
+(aiohttp and httpx): ``pip install ".[proxy]"`` in a clone of ws_mode.
 
 The ASGI app is :mod:`ws_mode.proxy._app`; the upstream side (URL, headers, failures) is
 :mod:`ws_mode.proxy._upstream`; the HTTP clients are :mod:`ws_mode.proxy._transport`.

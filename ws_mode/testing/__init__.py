@@ -21,9 +21,9 @@ event stream. See docs/testing.md.
 
 Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
 client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
-**openai** SDK, when installed, validates output items. They are test dependencies
-(`pip install "ws-mode[test]"`); they are imported when used, so registering the pytest plugin
-costs nothing where they are missing.
+**openai** SDK, when installed, validates output items. They are test dependencies (the
+`testing` extra: `pip install ".[testing]"` in a clone of ws_mode); they are imported when
+used, so registering the pytest plugin costs nothing where they are missing.
 
 (PYTEST_DONT_REWRITE: the kit raises its own errors, so pytest may load it after import.)
 """

@@ -22,7 +22,7 @@ import contextlib
 import enum
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import orjson
 from websockets.asyncio.client import ClientConnection as AsyncConnection
@@ -126,10 +126,16 @@ def _options(headers: Mapping[str, str] | None, compression: bool) -> dict[str, 
 
 
 class SyncSocket:
-    """A WebSocket mode connection, blocking (``websockets.sync``); a context manager."""
+    """A WebSocket mode connection, blocking (``websockets.sync``); a context manager.
 
-    def __init__(self, connection: SyncConnection) -> None:
+    ``opened`` holds the ``websockets`` context the connection was opened in, and closing the
+    socket leaves it (without it, closing closes the connection itself)."""
+
+    def __init__(
+        self, connection: SyncConnection, opened: contextlib.ExitStack | None = None
+    ) -> None:
         self.connection = connection
+        self._opened = opened
 
     def __enter__(self) -> SyncSocket:
         return self
@@ -171,7 +177,10 @@ class SyncSocket:
         return list(self.iter_turn(stream_id, timeout=timeout))
 
     def close(self) -> None:
-        self.connection.close()
+        if self._opened is not None:
+            self._opened.close()
+        else:
+            self.connection.close()
 
 
 def connect(
@@ -190,8 +199,15 @@ def connect(
     options = _options(headers, compression)
     if not pings:
         options["ping_interval"] = None
-    connection = sync_connect(socket_url(base_url, path), open_timeout=open_timeout, **options)
-    return SyncSocket(connection)
+    # websockets' sync connect() is a context manager: entered, it opens the connection, in
+    # every version this supports. Its result used as the connection directly is deprecated
+    # since websockets 17.1 (a DeprecationWarning at the first send or receive). Before 17,
+    # entering it is typed as giving the base class of the client connection it gives.
+    opened = contextlib.ExitStack()
+    connection = opened.enter_context(
+        sync_connect(socket_url(base_url, path), open_timeout=open_timeout, **options)
+    )
+    return SyncSocket(cast(SyncConnection, connection), opened)
 
 
 # ----------------------------------------------------------------------------- asyncio

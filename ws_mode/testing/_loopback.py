@@ -36,6 +36,11 @@ from .._limits import Limits
 
 #: How often the servers started here ping their sockets, to find peers that vanished.
 PING_SECONDS: Final = 20.0
+#: uvicorn's WebSocket implementation for the servers started here and by the command line:
+#: the one on websockets' Sans-I/O core, uvicorn's default since 0.50. Named, not left to
+#: ``auto``, so that no uvicorn the extras allow serves with its ``websockets`` implementation,
+#: which is built on ``websockets.legacy`` (deprecated since websockets 14).
+UVICORN_WS: Final = "websockets-sansio"
 
 
 HOST: Final = "127.0.0.1"
@@ -90,7 +95,8 @@ class ServerThread:
     ``with ServerThread(app) as base_url:`` starts it and stops it at the end of the block.
     ``ws_max_size`` is the server's frame limit, ``lifespan`` uvicorn's lifespan mode;
     ``options`` go to the server's configuration (``root_path``, ``timeout_graceful_shutdown``,
-    ...); after ``lifetime`` seconds the server stops by itself. ``name`` names its thread.
+    ...; uvicorn's ``ws`` is :data:`UVICORN_WS` unless given); after ``lifetime`` seconds the
+    server stops by itself. ``name`` names its thread.
     """
 
     def __init__(
@@ -178,12 +184,13 @@ class ServerThread:
     def _uvicorn(self, sock: socket.socket) -> Callable[[], None]:
         import uvicorn
 
+        options = {"ws": UVICORN_WS, **self.options}
         config = uvicorn.Config(
             self.app,
             log_level="warning",
             lifespan=self.lifespan,
             ws_max_size=self.ws_max_size,
-            **self.options,
+            **options,
         )
         server = uvicorn.Server(config)
 
@@ -340,12 +347,13 @@ def add_child_arguments(parser: argparse.ArgumentParser) -> None:
 def serve_inherited(app: ASGIApp, arguments: argparse.Namespace, **config: Any) -> None:
     """In the child of :func:`server_process`: serve ``app`` with uvicorn on the socket the
     parent passed (``arguments.fd``) until SIGTERM or SIGINT; exit with the parent. ``config``
-    goes to ``uvicorn.Config`` (``log_level`` defaults to warning, ``lifespan`` to off)."""
+    goes to ``uvicorn.Config`` (``log_level`` defaults to warning, ``lifespan`` to off, ``ws`` to
+    :data:`UVICORN_WS`)."""
     import uvicorn
 
     exit_with_parent(arguments.lifetime)
     listener = socket.socket(fileno=arguments.fd)
-    config = {"log_level": "warning", "lifespan": "off", **config}
+    config = {"log_level": "warning", "lifespan": "off", "ws": UVICORN_WS, **config}
     server = uvicorn.Server(uvicorn.Config(app, **config))
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[listener])

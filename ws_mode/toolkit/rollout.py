@@ -19,7 +19,7 @@ and the bytes the client sent, and raise :class:`RolloutError` when the server a
 The drivers are synchronous (the tools' clients: :class:`~ws_mode.toolkit.http_client.HttpClient`
 and :class:`~ws_mode.testing._client.SyncSocket`); run them in threads for concurrent rollouts.
 
-Needs the ``cli`` extra (``pip install "ws-mode[cli]"``) for httpx and websockets.
+Needs the ``cli`` extra (``pip install ".[cli]"`` in a clone of ws_mode) for httpx and websockets.
 """
 
 from __future__ import annotations
@@ -264,8 +264,9 @@ def _socket_errors(url: str, timeout: float) -> Iterator[None]:
         raise RolloutError(f"could not connect to {url}: {exc}") from exc
 
 
-def _refusal(body: bytes | None) -> str:
-    """What a refused handshake's body says: its error envelope's one line, or its text."""
+def _refusal(body: bytes | bytearray | None) -> str:
+    """What a refused handshake's body says: its error envelope's one line, or its text.
+    (websockets types the body as bytes or None before 17, bytes or bytearray from 17 on.)"""
     if not body:
         return ""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -153,6 +154,41 @@ def test_serve_prints_ws_modes_warnings_in_uvicorns_style(tmp_path: Path) -> Non
         line = first_line(served.process, "WARNING:  ws_mode._persistence: ", timeout=10)
     assert "'resp_gone'" in line
     assert f"127.0.0.1:{redis_server.port}" in line
+
+
+def _installed_only_without(monkeypatch: pytest.MonkeyPatch, missing: set[str]) -> None:
+    """Make the command line find every module installed but those of ``missing``."""
+    find_spec = importlib.util.find_spec
+
+    def find_spec_without(name: str, package: str | None = None) -> Any:
+        return None if name in missing else find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without)
+
+
+def test_proxy_runs_with_the_proxy_extra_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the cli extra adds to the proxy extra: `ws-mode proxy` starts without it (and
+    # fails only on its bad upstream here), the other commands ask for the cli extra.
+    _installed_only_without(monkeypatch, {"rich", "starlette", "tokenizers"})
+    assert main(["proxy", "--upstream", "ftp://upstream/v1"]) == 1
+    err = capsys.readouterr().err
+    assert "upstream must be an http:// or https:// URL" in err
+    assert "needs" not in err
+    assert main(["demo", "--turns", "2"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "this command needs rich, starlette, tokenizers; install them with: "
+        'pip install ".[cli]" in a clone of ws_mode (it is not published yet)\n'
+    )
+
+
+def test_proxy_without_uvicorn_asks_for_the_proxy_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _installed_only_without(monkeypatch, {"uvicorn"})
+    assert main(["proxy", "--upstream", "http://127.0.0.1:9/v1"]) == 1
+    assert 'needs uvicorn; install them with: pip install ".[proxy]"' in capsys.readouterr().err
 
 
 def test_proxy_store_needs_an_explicit_scope(capsys: pytest.CaptureFixture[str]) -> None:

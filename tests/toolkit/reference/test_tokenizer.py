@@ -110,5 +110,5 @@ def test_rendering_is_additive(first: list[dict[str, Any]], second: list[dict[st
 
 def test_a_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # makes `import tokenizers` fail
-    with pytest.raises(ImportError, match=r'pip install "ws-mode\[cli\]"'):
+    with pytest.raises(ImportError, match=r'pip install "\.\[cli\]" in a clone of ws_mode'):
         ReferenceTokenizer.trained()

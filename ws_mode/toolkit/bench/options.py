@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import urlsplit
 
+from ws_mode._install import install_hint
+
 from ..args import number
 from ..measure import format_seconds
 
@@ -113,7 +115,7 @@ class BenchOptions:
                 import matplotlib  # noqa: F401
             except ImportError:
                 raise BenchError(
-                    "--plot needs matplotlib: pip install matplotlib (or 'ws-mode[bench]')"
+                    f"--plot needs matplotlib: pip install matplotlib (or {install_hint('bench')})"
                 ) from None
 
     def _validate_modes(self) -> None:

@@ -5,27 +5,23 @@ One module per command: :mod:`~ws_mode.toolkit.cli.serve` (the reference server 
 :mod:`~ws_mode.toolkit.cli.bench` (the benchmark), :mod:`~ws_mode.toolkit.cli.proxy` (WebSocket mode
 in front of a remote Responses server) and :mod:`~ws_mode.toolkit.cli.check` (WebSocket mode's
 checks against a live endpoint); :mod:`~ws_mode.toolkit.cli.common` holds what they share. Needs the
-``cli`` extra: ``pip install "ws-mode[cli]"``.
+``cli`` extra (``pip install ".[cli]"`` in a clone of ws_mode); ``proxy`` needs only the ``proxy``
+extra.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from typing import Final
 
 from ws_mode import __version__
 
 from . import bench, check, demo, proxy, serve
-from .common import PROG, CommandError, configure_logging
+from .common import CLI_REQUIREMENTS, PROG, CommandError, Requirements, configure_logging
 from .serve import build_app
 
 __all__ = ["build_app", "build_parser", "main"]
-
-CLI_MODULES: Final = ("uvicorn", "httpx", "websockets", "rich")
-CLI_EXTRA: Final = "'ws-mode[cli]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,11 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         parser.print_help(sys.stderr)
         return 2
-    missing = [name for name in CLI_MODULES if importlib.util.find_spec(name) is None]
+    requirements: Requirements = getattr(args, "requirements", CLI_REQUIREMENTS)
+    missing = requirements.missing()
     if missing:
         print(
             f"{PROG}: error: this command needs {', '.join(missing)}; "
-            f"install them with: pip install {CLI_EXTRA}",
+            f"install them with: {requirements.install_hint()}",
             file=sys.stderr,
         )
         return 1

@@ -1,6 +1,8 @@
-"""What the ``ws-mode`` commands share: their error, their paths, the foreground server.
+"""What the ``ws-mode`` commands share: their error, their requirements, their paths, the
+foreground server.
 
-:class:`CommandError` is the one-line failure a command exits 1 for; :func:`run_server` runs
+:class:`CommandError` is the one-line failure a command exits 1 for; :class:`Requirements` the
+modules a command imports and the extra that brings them; :func:`run_server` runs
 uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
 :func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
 bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead.
@@ -14,12 +16,14 @@ import importlib.util
 import logging
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from ws_mode import _logs as logs
+from ws_mode._install import install_hint
 from ws_mode._limits import Limits
 from ws_mode._store import MemoryStore, ResponseStore
-from ws_mode.testing._loopback import ws_max_size
+from ws_mode.testing._loopback import UVICORN_WS, ws_max_size
 
 from ..args import port
 
@@ -29,9 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "API_PATH",
+    "CLI_REQUIREMENTS",
     "LOG_LEVELS",
     "PROG",
     "CommandError",
+    "Requirements",
     "add_server_arguments",
     "run_server",
     "run_workers",
@@ -47,6 +53,30 @@ LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
 
 class CommandError(Exception):
     """A failure the command reports in one line and exits non-zero for."""
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """The modules a command imports (none is imported to start the command line, so each
+    command checks its own before it runs), and the extra of the package that brings them."""
+
+    extra: str
+    modules: tuple[str, ...]
+
+    def missing(self) -> list[str]:
+        """The modules not installed, in order."""
+        return [name for name in self.modules if importlib.util.find_spec(name) is None]
+
+    def install_hint(self) -> str:
+        """How to install them."""
+        return install_hint(self.extra)
+
+
+#: What every command but ``proxy`` needs (the ``cli`` extra): the reference server (a
+#: Starlette app with its tokenizer) under uvicorn, the clients, the display.
+CLI_REQUIREMENTS: Final = Requirements(
+    "cli", ("uvicorn", "httpx", "websockets", "rich", "starlette", "tokenizers")
+)
 
 
 def add_server_arguments(
@@ -83,7 +113,7 @@ def store_argument(text: str) -> str:
     if is_redis_url(text):
         if importlib.util.find_spec("redis") is None:
             raise argparse.ArgumentTypeError(
-                'a Redis store needs the redis extra: pip install "ws-mode[redis]"'
+                f"a Redis store needs the redis extra: {install_hint('redis')}"
             )
         return text
     raise argparse.ArgumentTypeError(f"expected memory or a redis:// URL, got {text!r}")
@@ -118,7 +148,8 @@ def run_server(
 ) -> None:
     """Run ``app`` under uvicorn at ``args.host``/``args.port`` (``args.log_level``), draining
     WebSocket mode on shutdown; print ``banner(origin)`` once bound. ``config`` goes to
-    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start."""
+    ``uvicorn.Config`` (``ws`` defaults to ``UVICORN_WS``). :class:`CommandError` when the
+    ``what`` cannot start."""
     import uvicorn
 
     from ws_mode.server import Server
@@ -138,7 +169,7 @@ def run_server(
         port=port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
-        **config,
+        **{"ws": UVICORN_WS, **config},
     )
     try:
         AnnouncingServer(settings).run()
@@ -161,7 +192,8 @@ def run_workers(
     (``"module:function"``, called in each worker) on one socket bound here at
     ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
     process's environment, and uvicorn restarts one that dies. ``config`` goes to
-    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start.
+    ``uvicorn.Config`` (``ws`` defaults to ``UVICORN_WS``). :class:`CommandError` when the
+    ``what`` cannot start.
 
     The workers are uvicorn's own servers: on shutdown their sockets close at once (1012)
     instead of draining first as with :func:`run_server`.
@@ -179,7 +211,7 @@ def run_workers(
         port=args.port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
-        **config,
+        **{"ws": UVICORN_WS, **config},
     )
     try:
         listener = settings.bind_socket()

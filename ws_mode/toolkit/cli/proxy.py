@@ -21,14 +21,18 @@ from .common import (
     API_PATH,
     PROG,
     CommandError,
+    Requirements,
     add_server_arguments,
     run_server,
 )
 from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 
-__all__ = ["UPSTREAM_KEY_ENV", "add_command"]
+__all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+#: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
+#: and httpx (its timeouts; the upstream client when aiohttp, also in the extra, is missing).
+PROXY_REQUIREMENTS: Final = Requirements("proxy", ("uvicorn", "websockets", "httpx"))
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +87,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="seconds to wait for the upstream on each read (default: %(default)g)",
     )
     add_metrics_argument(proxy)
-    proxy.set_defaults(run=_proxy)
+    proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
 
 def _proxy(args: argparse.Namespace) -> int:

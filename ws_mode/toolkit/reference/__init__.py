@@ -13,7 +13,8 @@ tests::
 Over plain HTTP it re-does the work on the whole history every turn, like any stateless server.
 Behind ``WebSocketModeMiddleware(app, full_context="on_miss", renderer=render_items)`` it resumes
 each continuation from its parent's artifacts and works on the new items only; the answers are
-the same. Needs the ``tokenizers`` package (``pip install "ws-mode[cli]"``).
+the same. Needs the ``tokenizers`` package (the ``cli`` extra: ``pip install ".[cli]"`` in a
+clone of ws_mode).
 """
 
 from .model import ReferenceConfig, context_digest, fold_items, script

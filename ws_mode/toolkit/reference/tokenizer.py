@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
+from ws_mode._install import install_hint
+
 from ._corpus import CORPUS
 from ._json import canonical_json
 
@@ -40,7 +42,7 @@ VOCAB_SIZE: Final = 3072
 """The vocabulary the trainer aims for; the corpus yields a little over 2,000 tokens."""
 
 _INSTALL_HINT: Final = (
-    'The reference tokenizer needs the "tokenizers" package: pip install "ws-mode[cli]"'
+    f'The reference tokenizer needs the "tokenizers" package: {install_hint("cli")}'
 )
 
 
