@@ -126,17 +126,18 @@ def connection_line(record: ConnectionRecord) -> None:
     )
 
 
-def show_access_log() -> None:
+def show_access_log(level: int = logging.INFO) -> None:
     """Print the access log on stdout in uvicorn's style (``INFO:     127.0.0.1:52624 - ...``)
-    while the application has configured no logging of its own; once per process. For programs
-    (the ``ws-mode`` command line), not for libraries."""
+    while the application has configured no logging of its own, and set the logger's `level`
+    (above INFO: no line) unless it has one; once per process. For programs (the ``ws-mode``
+    command line), not for libraries."""
+    if logger.level == logging.NOTSET:
+        logger.setLevel(level)
     if any(isinstance(handler, _UntilConfigured) for handler in logger.handlers):
         return
     handler = _UntilConfigured(sys.stdout)
     handler.setFormatter(_UvicornStyle())
     logger.addHandler(handler)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
 
 
 class _UvicornStyle(logging.Formatter):

@@ -20,6 +20,7 @@ follow OpenTelemetry's semantic conventions where one exists (``client.address``
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -81,9 +82,7 @@ class Tracing:
             return None
         cached = self._tracer
         if cached is None or cached[0] is not provider:
-            from . import __version__
-
-            tracer = provider.get_tracer(INSTRUMENTATION_NAME, __version__)
+            tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
             self._tracer = cached = (provider, tracer)
         return cached[1]
 
@@ -93,6 +92,14 @@ class Tracing:
         if tracer is None:
             return None
         return ConnectionSpan(self._api, tracer, scope, path, connection_id)
+
+
+def _version() -> str | None:
+    """ws_mode's version as installed (the instrumentation scope's), if it is."""
+    try:
+        return importlib.metadata.version("ws-mode")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def tracing_for(tracer_provider: object) -> Tracing | None:

@@ -161,11 +161,16 @@ def test_a_conversation_is_one_connection_span_with_a_child_per_turn(
     assert attributes["ws_mode.bytes_in"] > 0
     assert attributes["ws_mode.bytes_out"] > attributes["ws_mode.bytes_in"]
     connection_id = attributes["ws_mode.connection.id"]
-    for span, (response_id, previous, lane) in zip(
+    for span, header, (response_id, previous, lane) in zip(
         turns,
+        seen.traceparent,
         [(first, None, None), (second, first, "lane-a"), (third, second, "lane-a")],
         strict=True,
     ):
+        context = span.context
+        assert header == (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+        )
         assert span.parent is not None
         assert span.parent.span_id == connection.context.span_id
         assert span.context.trace_id == connection.context.trace_id
@@ -239,8 +244,10 @@ def test_the_handler_s_own_spans_nest_under_the_turn(
         assert current.span_id == turn_span.context.span_id
         # ...and its request carries it (for an app whose ASGI instrumentation reads it),
         # instead of the client's handshake traceparent.
-        trace_id, span_id = turn_span.context.trace_id, turn_span.context.span_id
-        assert header == f"00-{trace_id:032x}-{span_id:016x}-01"
+        context = turn_span.context
+        assert header == (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+        )
 
 
 def test_a_cache_miss_and_a_store_hydration_show_on_the_turn(
