@@ -217,6 +217,33 @@ def test_the_handshake_traceparent_is_the_connection_s_parent(
     assert f"{only.context.trace_id:032x}" == CLIENT_TRACE
 
 
+def test_under_the_application_s_own_server_span_the_connection_is_its_child(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # As OpenTelemetry's ASGI instrumentation around the middleware does: a server span made
+    # from the handshake is current when the middleware is called.
+    seen = Seen()
+    tracer = provider.get_tracer("the-application")
+    middleware = WebSocketModeMiddleware(handler_app(provider, seen), tracer_provider=provider)
+
+    async def instrumented(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await middleware(scope, receive, send)
+            return
+        with tracer.start_as_current_span("GET /v1/responses", kind=SpanKind.SERVER):
+            await middleware(scope, receive, send)
+
+    with serve(instrumented) as base, connect(base) as sock:
+        turn(sock)
+        sock.close()
+        spans = spans_once(exporter, lambda found: len(found) >= 4)
+    (outer,) = [span for span in spans if span.name == "GET /v1/responses"]
+    (connection,) = connection_spans(spans)
+    assert connection.kind is SpanKind.INTERNAL
+    assert connection.parent is not None
+    assert connection.parent.span_id == outer.context.span_id
+
+
 def test_the_handler_s_own_spans_nest_under_the_turn(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
