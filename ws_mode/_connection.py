@@ -86,7 +86,11 @@ class Connection:
             ends_lane=(ClientGone,),
             budget=settings.budget,
         )
-        self.turns = TurnRunner(settings, scope, self.cache, socket=self, lanes=self.lanes)
+        #: What the connection did, for its access log line and its span (`ws_mode._observe`).
+        self.record = settings.observer.connection_record(scope, scope.get("path", settings.path))
+        self.turns = TurnRunner(
+            settings, scope, self.cache, socket=self, lanes=self.lanes, connection=self.record
+        )
         self._send_gate = _SendGate()
         self._state = SocketState.CONNECTING
         self._send_started: float | None = None
@@ -102,6 +106,16 @@ class Connection:
     ) -> None:
         """Accept the socket and serve it as `principal`, whose stored responses are those of
         `owner` (`ws_mode._persistence.store_scope`); return when it is closed."""
+        # The connection's span (when traced) is current from here on, in this task and the
+        # lanes' tasks it starts.
+        observer = self.settings.observer
+        observer.connection_opened(self.record, self.scope)
+        try:
+            await self._serve(principal, owner, subprotocol)
+        finally:
+            observer.connection_closed(self.record)
+
+    async def _serve(self, principal: Any, owner: str | None, subprotocol: str | None) -> None:
         self.turns.principal, self._owner = principal, owner
         if self.settings.store is not None and owner is not None:
             self.turns.store = StoreLink(self.settings.store, self.stats, owner, self.limits)
@@ -151,6 +165,8 @@ class Connection:
                 if kind == "websocket.receive":
                     await self._on_frame(message)
                 elif kind == "websocket.disconnect":
+                    # ASGI: 1005 when the client's close frame had no code.
+                    self.record.closed(message.get("code", 1005), message.get("reason"), "client")
                     return
         except ClientGone:
             return
@@ -194,6 +210,7 @@ class Connection:
         if self._state is SocketState.CLOSED:
             return
         self._state = SocketState.CLOSED
+        self.record.closed(code, reason, "server")
         # A client that stopped reading may never let the close frame out: bound the wait,
         # the server drops the connection when the app returns.
         with contextlib.suppress(Exception):
@@ -246,21 +263,26 @@ class Connection:
             return
 
     async def send_event(self, event: dict[str, Any]) -> None:
-        """Encode and send one server event."""
-        await self.send_text(encode_event(event))
+        """Encode and send one server event (not one of a response's: its stream counts
+        those)."""
+        text = encode_event(event)
+        self.record.bytes_out += len(text)
+        await self.send_text(text)
 
     async def send_error(self, event: dict[str, Any]) -> None:
         """Send an error event of the connection's own, counting it."""
         self.stats.error(event["error"]["code"])
-        await self.send_text(encode_event(event))
+        text = encode_event(event)
+        self.record.bytes_out += len(text)
+        await self.send_text(text)
 
     # Frames.
 
     async def _on_frame(self, message: Message) -> None:
         text = message.get("text")
-        self.stats.bytes_received += (
-            len(text) if text is not None else len(message.get("bytes") or b"")
-        )
+        size = len(text) if text is not None else len(message.get("bytes") or b"")
+        self.stats.bytes_received += size
+        self.record.bytes_in += size
         if text is None:
             await self.send_error(
                 error_event(

@@ -57,6 +57,7 @@ class ResponseStream:
     __slots__ = (
         "_prefix",
         "_sent",
+        "bytes_out",
         "ended",
         "finished",
         "inbox",
@@ -89,6 +90,8 @@ class ResponseStream:
         #: Set when the response ended (`finished`), for whoever waits on it.
         self.ended = asyncio.Event()
         self._sent = 0  # events sent so far: the next one's sequence_number
+        #: The length of the frames sent so far (for the access log and the turn's span).
+        self.bytes_out = 0
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
 
     @property
@@ -138,6 +141,7 @@ class ResponseStream:
                 rest = data[1:].lstrip()
                 data = prefix + rest if rest != b"}" else prefix[:-1] + b"}"
         self._sent += 1
+        self.bytes_out += len(data)
         return data.decode()  # orjson accepted it, so it is valid UTF-8
 
     def next_sequence_number(self) -> int:
@@ -163,7 +167,9 @@ class ResponseStream:
         tap.see(event)
         if self.stream_id is not None:
             event["stream_id"] = self.stream_id
-        text = orjson.dumps(event).decode()
+        encoded = orjson.dumps(event)
+        self.bytes_out += len(encoded)
+        text = encoded.decode()
         # The cache advances before the client hears the response finished, so it can
         # continue from it at once, on any lane.
         if tap.finished:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _logs as logs
 from . import _stack as stack
@@ -24,6 +24,7 @@ from ._budget import CONNECTION_COST, MemoryBudget
 from ._connection import Connection
 from ._errors import ConfigError
 from ._limits import Limits
+from ._observe import Observer
 from ._origins import OriginPolicy
 from ._persistence import flush_writes, store_scope
 from ._protocol import (
@@ -37,7 +38,11 @@ from ._settings import CacheMiss, FullContext, ResponseHook, Settings, check_pri
 from ._stateful_http import StatefulHTTP
 from ._store import ResponseStore
 from ._tokens import Renderer
+from ._tracing import tracing_for
 from ._turn import turn
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +85,12 @@ class WebSocketModeMiddleware:
     `POST`, and `GET`/`DELETE {path}/{id}`.
     `steering` serves `response.steer` (`ws_mode._steering`): the response ends at its next
     output item and a successor continues with the input; False answers `steering_not_supported`.
+    `tracer_provider` is where the OpenTelemetry spans go (a span per connection and per turn,
+    the turn's trace context passed to the handler; `ws_mode._tracing`): None is
+    OpenTelemetry's global provider, which records nothing until the application installs an
+    SDK (and nothing is done without `opentelemetry-api`); `NoOpTracerProvider()` turns
+    tracing off. `access_log` writes a line per turn and per closed connection at INFO on the
+    `ws_mode.access` logger, as uvicorn's access log (`ws_mode._access_log`); False turns it off.
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
     HTTP.
     """
@@ -104,6 +115,8 @@ class WebSocketModeMiddleware:
         shared_store: bool = False,
         stateful_http: bool = False,
         steering: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        access_log: bool = True,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -129,6 +142,9 @@ class WebSocketModeMiddleware:
             )
         if not isinstance(steering, bool):
             raise ConfigError(f"steering must be True or False, got {steering!r}.")
+        if not isinstance(access_log, bool):
+            raise ConfigError(f"access_log must be True or False, got {access_log!r}.")
+        tracing = tracing_for(tracer_provider)
         if stateful_http and store is None:
             raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
         check_principals(authenticate, reauthenticate_seconds, store, principal_key, shared_store)
@@ -162,6 +178,7 @@ class WebSocketModeMiddleware:
             shared_store=shared_store,
             steering=steering,
             budget=MemoryBudget(limits.max_memory_bytes),
+            observer=Observer(tracing=tracing, access_log=access_log),
         )
         self.authenticate = authenticate
         self._origins = OriginPolicy(allowed_origins)

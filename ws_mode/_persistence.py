@@ -78,8 +78,9 @@ async def load_chain(
     when the store fails or takes longer than `read_seconds` plus `wait`
     (`Limits.store_read_seconds`, `Limits.store_wait_seconds`)."""
     loop = asyncio.get_running_loop()
+    timer: asyncio.Timeout | None = None
     try:
-        async with asyncio.timeout(read_seconds + wait):
+        async with asyncio.timeout(read_seconds + wait) as timer:
             records = await _ancestors(store, owner, response_id)
             deadline = loop.time() + wait
             pause = POLL_SECONDS
@@ -105,9 +106,60 @@ async def load_chain(
                 records = await _ancestors(store, owner, response_id)
     except Exception as exc:
         stats.store_failures += 1
-        logger.warning("the store failed to hydrate %s: %s", for_log(response_id), for_log(exc))
+        logger.warning(
+            "the store failed to hydrate %s: %s (%s)",
+            for_log(response_id),
+            failure(
+                exc,
+                timer,
+                f"{read_seconds + wait:g} s (Limits.store_read_seconds + store_wait_seconds)",
+            ),
+            store_address(store),
+        )
         raise StoreUnavailable("the response store is unavailable") from exc
     return records or None
+
+
+def failure(exc: BaseException, timer: asyncio.Timeout | None, bound: str) -> str:
+    """A store's error as a log line says it: its type and message (`for_log`); a timeout
+    (which has no message) as the deadline that passed: ws_mode's own (`timer`, of `bound`)
+    or the store's; an error without a message of its own, with its cause's."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        if timer is not None and timer.expired():
+            return f"TimeoutError: no answer within {bound}"
+        return "TimeoutError: no answer within the store's own timeout"
+    said = for_log(exc)
+    cause = exc.__cause__
+    if not str(exc) and cause is not None:
+        return f"{said} (caused by {for_log(cause)})"
+    return said
+
+
+def store_address(store: ResponseStore) -> str:
+    """Where `store` is, for a log line, never with its credentials: the store's own
+    `address` when it has one; a redis-py client's URL without user name and password
+    (`redis://127.0.0.1:6379/0`; a cluster's first nodes); else the store's class."""
+    address = getattr(store, "address", None)
+    if isinstance(address, str):
+        return address[:200]
+    client = getattr(store, "client", None)
+    try:
+        pool = getattr(client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if isinstance(kwargs, dict) and kwargs.get("path"):
+            return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+        if isinstance(kwargs, dict) and kwargs.get("host"):
+            ssl = "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", "")
+            scheme = "rediss" if ssl else "redis"
+            return f"{scheme}://{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        get_nodes = getattr(client, "get_nodes", None)
+        if callable(get_nodes):
+            nodes = [f"{node.host}:{node.port}" for node in get_nodes()]
+            shown = ",".join(nodes[:3]) + (f",... ({len(nodes)} nodes)" if len(nodes) > 3 else "")
+            return f"a Redis Cluster at {shown}"
+    except Exception:  # a client of another shape: its class is all there is to say
+        pass
+    return type(store).__name__
 
 
 async def _ancestors(store: ResponseStore, owner: str, response_id: str) -> list[StoredResponse]:
@@ -149,8 +201,9 @@ async def write_records(
     cancellation itself."""
     written = 0
     mark_pending = getattr(store, "mark_pending", None)
+    timer: asyncio.Timeout | None = None
     try:
-        async with asyncio.timeout(seconds):
+        async with asyncio.timeout(seconds) as timer:
             if mark_pending is not None:
                 # A continuation on another worker that misses waits for these, and only these.
                 await mark_pending(owner, [record.id for record in records], seconds)
@@ -176,7 +229,12 @@ async def write_records(
         raise
     except Exception as exc:
         stats.store_failures += 1
-        logger.warning("the store failed to keep %s: %s", for_log(records[-1].id), for_log(exc))
+        logger.warning(
+            "the store failed to keep %s: %s (%s)",
+            for_log(records[-1].id),
+            failure(exc, timer, f"{seconds:g} s (Limits.store_write_seconds)"),
+            store_address(store),
+        )
     finally:
         stats.store_writes += written
     return written == len(records)

@@ -12,6 +12,7 @@ from ._auth import Authenticator, PrincipalKey
 from ._budget import MemoryBudget
 from ._errors import ConfigError
 from ._limits import Limits
+from ._observe import Observer
 from ._stats import Stats
 from ._store import ResponseStore
 from ._tokens import Renderer
@@ -53,6 +54,9 @@ class Settings:
     stats: Stats = field(default_factory=Stats)
     #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
     budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))
+    #: Where each connection's and turn's record goes: spans (`tracer_provider`) and the access
+    #: log (`access_log`) (`ws_mode._observe`).
+    observer: Observer = field(default_factory=Observer)
 
 
 def check_principals(

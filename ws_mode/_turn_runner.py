@@ -30,8 +30,9 @@ from ._client_events import CreateEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
+from ._observe import ConnectionRecord, TurnRecord
 from ._persistence import StoreLink, StoreUnavailable
-from ._protocol import error_event, not_found, server_error, store_unavailable
+from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
 from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
@@ -61,6 +62,7 @@ class TurnRunner:
         *,
         socket: ClientSocket,
         lanes: Lanes,
+        connection: ConnectionRecord,
     ) -> None:
         self.settings = settings
         self.limits = settings.limits
@@ -69,6 +71,9 @@ class TurnRunner:
         self.cache = cache
         self.socket = socket
         self.lanes = lanes
+        #: The connection's record, which each turn's record joins (`ws_mode._observe`).
+        self.connection = connection
+        self.observer = settings.observer
         self.principal: Any = None
         #: The store, when the middleware has one (`store=`), as this connection uses it.
         self.store: StoreLink | None = None
@@ -97,9 +102,11 @@ class TurnRunner:
         request = create
         send = self.socket.send_event
         create, committing = self.steering.prepend_pending(create)
+        bytes_in = request.size  # the client's frame; a successor's input came in steers
         while True:
             inbox = self.steering.inbox_for(create)
-            outcome = await self._run_one(create, inbox, request)
+            outcome = await self._run_one(create, inbox, request, bytes_in)
+            bytes_in = 0
             if committing:
                 created = outcome is not None and outcome.response_id is not None
                 await self.steering.settle(committing, created, create.stream_id, send)
@@ -142,46 +149,74 @@ class TurnRunner:
         self.steering.close()
 
     async def _run_one(
-        self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent
+        self, create: CreateEvent, inbox: SteerInbox | None, request: CreateEvent, bytes_in: int
     ) -> Outcome | None:
-        """One turn (`request` is what the client sent); how its response ended."""
+        """One turn (`request` is what the client sent); how its response ended. Its record
+        (and span, current meanwhile) spans all of it."""
+        record = self.observer.turn_started(
+            self.connection,
+            stream_id=create.stream_id,
+            previous_response_id=create.previous_response_id,
+            model=create.fields.get("model"),
+            bytes_in=bytes_in,
+        )
+        try:
+            return await self._serve(create, inbox, request, record)
+        finally:
+            self.observer.turn_ended(record)
+
+    async def _serve(
+        self,
+        create: CreateEvent,
+        inbox: SteerInbox | None,
+        request: CreateEvent,
+        record: TurnRecord,
+    ) -> Outcome | None:
+        """The turn `_run_one` records: what it did goes in `record` as it goes."""
         previous: CachedResponse | None = None
         forwarded = False
         if create.previous_response_id is not None:
             previous = self.cache.get(create.previous_response_id)
             if previous is not None:
                 self.stats.cache_hits += 1
+                record.cache = "hit"
             else:
                 self.stats.cache_misses += 1
+                record.cache = "miss"
                 if self.store is not None:
                     try:
                         previous = await self.store.hydrate(
                             create.previous_response_id, create.stream_id, self.cache
                         )
                     except StoreUnavailable:  # its detail is in the log, not for the client
-                        await self.socket.send_error(
-                            store_unavailable(create.previous_response_id, create.stream_id)
+                        await self._refuse(
+                            record,
+                            store_unavailable(create.previous_response_id, create.stream_id),
                         )
                         return None
+                    if previous is not None:
+                        record.cache = "store"
             if previous is not None:
                 self.stats.bytes_saved += previous.context_bytes
             else:
                 if self.settings.on_cache_miss != "forward":
                     why = self.cache.why_missing(create.previous_response_id)
-                    await self.socket.send_error(
-                        not_found(create.previous_response_id, create.stream_id, why)
+                    await self._refuse(
+                        record, not_found(create.previous_response_id, create.stream_id, why)
                     )
                     return None
                 forwarded = True  # the handler resolves the id itself
+                record.cache = "forwarded"
         try:
             current, new_fragment, body = self._prepare(create, previous, forwarded, inbox)
         except Exception as exc:
-            await self.socket.send_error(_unprepared(create, exc))
+            await self._refuse(record, _unprepared(create, exc))
             return None
         if body is None:
             self.stats.warm_ups += 1
             self.lanes.let_go(request)
-            await self._warm_up(create, current, new_fragment)
+            record.warm_up = True
+            await self._warm_up(create, current, new_fragment, record)
             return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
@@ -192,13 +227,30 @@ class TurnRunner:
             previous_response_id=create.previous_response_id,
             inbox=inbox,
         )
+        headers = self._headers
+        if record.span is not None:  # the turn's trace context goes to the handler
+            headers = record.span.handler_headers(headers)
         scope = http_scope(
             self.scope,
             path=self._handler_path,
-            headers=self._headers,
+            headers=headers,
             body_length=len(body),
             extension=current,
         )
+        try:
+            return await self._run_handler(stream, scope, body, started, inbox)
+        finally:
+            self._note(record, stream)
+
+    async def _run_handler(
+        self,
+        stream: ResponseStream,
+        scope: Scope,
+        body: bytes,
+        started: float,
+        inbox: SteerInbox | None,
+    ) -> Outcome:
+        """Call the handler and see its response to the end (cached, or failed)."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
         call = asyncio.create_task(
@@ -241,6 +293,27 @@ class TurnRunner:
             stream.output,
             stream.next_sequence_number(),
         )
+
+    def _note(self, record: TurnRecord, stream: ResponseStream) -> None:
+        """Put in `record` how the turn's response ended and what it sent."""
+        record.response_id = stream.response_id
+        record.steered = stream.steered
+        record.bytes_out += stream.bytes_out
+        self.connection.bytes_out += stream.bytes_out
+        if not stream.finished:
+            return  # abandoned
+        response = stream.tap.response
+        if response is not None:
+            status = response.get("status")
+            record.status = status if isinstance(status, str) else "completed"
+        else:
+            record.failed(stream.failure)
+
+    async def _refuse(self, record: TurnRecord, event: dict[str, Any]) -> None:
+        """Answer a turn that cannot run with an error event."""
+        record.failed(event["error"]["code"])
+        record.bytes_out += len(encode_event(event))  # the connection counts it too
+        await self.socket.send_error(event)
 
     def _prepare(
         self,
@@ -304,7 +377,9 @@ class TurnRunner:
                 )
             )
 
-    async def _warm_up(self, create: CreateEvent, current: Turn, new_fragment: bytes) -> None:
+    async def _warm_up(
+        self, create: CreateEvent, current: Turn, new_fragment: bytes, record: TurnRecord
+    ) -> None:
         """`generate: false`: prepare the request's state and answer with an empty response.
 
         The input is validated, encoded and rendered now, so the first generated turn that
@@ -344,10 +419,14 @@ class TurnRunner:
         )
         self.cache_response(node, current, [], write=False)
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
+        record.response_id, record.status = response["id"], "completed"
         for event in lifecycle_events(response, in_progress=False):
             if create.stream_id is not None:
                 event["stream_id"] = create.stream_id
-            await self.socket.send_event(event)
+            text = encode_event(event)
+            record.bytes_out += len(text)
+            self.connection.bytes_out += len(text)
+            await self.socket.send_text(text)
 
     # State kept across turns.
 

@@ -5,6 +5,10 @@ Where a request goes (:meth:`ResponsesProxy.url_for`), the headers that cross, a
 failures reach the client are described in ``docs/proxy.md``; the upstream side of it is
 :mod:`ws_mode.proxy._upstream`, the HTTP clients :mod:`ws_mode.proxy._transport`.
 
+The upstream request carries the current OpenTelemetry trace context (``traceparent``, when
+opentelemetry-api is installed and a span is current: a middleware turn's, or the application's
+own instrumentation's), so the upstream's spans join the trace.
+
 A request costs one task at most: the forwarding runs in the server's own task, and a watcher
 task (started once the request body has been read) cancels it when the client disconnects. A
 turn of :class:`~ws_mode.WebSocketModeMiddleware` (its scope carries ``extensions["ws_mode"]``)
@@ -25,6 +29,7 @@ from .._asgi import Message, Receive, Scope, Send
 from .._errors import ConfigError
 from .._headers import end_to_end, header
 from .._sse import content_type, is_event_stream
+from .._tracing import inject_current
 from ._transport import Transport, UpstreamAnswer, transport_for
 from ._upstream import (
     DEFAULT_TIMEOUT,
@@ -260,7 +265,9 @@ class ResponsesProxy:
             headers = [(k, v) for k, v in headers if k != b"authorization"]
             headers.append((b"authorization", self._authorization))
         headers.append(_IDENTITY)
-        return url, headers
+        # The current trace context, when a span is current (a turn's, or the application's
+        # own instrumentation's): the upstream's spans join the trace.
+        return url, inject_current(headers)
 
 
 async def _answer(

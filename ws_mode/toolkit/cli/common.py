@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from ws_mode import _access_log as access_log
 from ws_mode import _logs as logs
 from ws_mode._install import install_hint
 from ws_mode._limits import Limits
@@ -171,6 +172,7 @@ def run_server(
         ws_max_size=ws_max_size(limits),
         **{"ws": UVICORN_WS, **config},
     )
+    show_access_log()
     try:
         AnnouncingServer(settings).run()
     except SystemExit as exc:  # uvicorn exits 1 when it cannot bind or start
@@ -245,3 +247,10 @@ def configure_logging() -> None:
     logs.show_on_stderr()
     logs.filter_uvicorn_refusals()
     logging.getLogger("ws_mode._stack").setLevel(logging.ERROR)
+
+
+def show_access_log() -> None:
+    """ws_mode's access log (a line per turn and per closed connection) on stdout beside
+    uvicorn's, at the level ``--log-level`` gave uvicorn's access log (call it once uvicorn
+    configured its logging: ``warning`` shows none)."""
+    access_log.show_access_log(logging.getLogger("uvicorn.access").getEffectiveLevel())

@@ -34,6 +34,7 @@ from .common import (
     is_redis_url,
     run_server,
     run_workers,
+    show_access_log,
     store_argument,
     store_from_argument,
 )
@@ -142,6 +143,7 @@ def app_from_environment() -> WebSocketModeMiddleware:
     environment variables (:data:`ENVIRONMENT`): an app factory for any ASGI server. Like the
     command, it prints ws_mode's warnings in uvicorn's style (`ws_mode._logs`)."""
     configure_logging()  # each worker is a process of the command's own
+    show_access_log()  # uvicorn configured the worker's logging before it called this
     return ServeSettings.from_environment(os.environ).build()
 
 

@@ -1,0 +1,331 @@
+"""The access log (`ws_mode.access`, INFO): a line per turn and one per closed connection, in
+uvicorn's style, for a real client on a real server (uvicorn): a conversation, a client that
+leaves mid-turn, a connection closed at its lifetime limit, a store that is down (a real
+Redis, stopped; its failures logged with their cause and address, never the password); and
+the `ws-mode` command's display of it, until the application configures logging."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tests.redis_server import RedisServer
+from tests.servers import serve
+from ws_mode import Limits, WebSocketModeMiddleware
+from ws_mode._access_log import ACCESS_LOGGER
+from ws_mode.redis_store import RedisStore
+from ws_mode.testing._client import SyncSocket, connect
+
+WAIT = 10.0
+TURN_LINE = re.compile(
+    r'(?P<client>127\.0\.0\.1:\d+) - "response\.create /v1/responses" (?P<status>\w+) '
+    r"(?P<ms>\d+\.\d)ms conn=(?P<conn>[0-9a-f]{8}) lane=(?P<lane>\S+) id=(?P<id>\S+) "
+    r"previous=(?P<previous>\S+) cache=(?P<cache>[\w-]+) in=(?P<bytes_in>\d+) "
+    r"out=(?P<bytes_out>\d+) code=(?P<code>\S+)"
+)
+CONNECTION_LINE = re.compile(
+    r'(?P<client>127\.0\.0\.1:\d+) - "WebSocket /v1/responses" (?P<close>\d+) '
+    r"(?P<seconds>\d+\.\d{3})s conn=(?P<conn>[0-9a-f]{8}) by=(?P<by>client|server) "
+    r"turns=(?P<turns>\d+) in=(?P<bytes_in>\d+) out=(?P<bytes_out>\d+) reason=(?P<reason>.+)"
+)
+
+
+def answer(model: Any) -> dict[str, Any]:
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "status": "completed",
+        "model": model,
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+            }
+        ],
+    }
+
+
+async def create(request: Request) -> JSONResponse:
+    body = await request.json()
+    delay = float((body.get("metadata") or {}).get("delay", 0))
+    if delay:
+        await asyncio.sleep(delay)
+    return JSONResponse(answer(body.get("model")))
+
+
+def middleware(**options: Any) -> WebSocketModeMiddleware:
+    app = Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])
+    return WebSocketModeMiddleware(app, **options)
+
+
+def turn(sock: SyncSocket, previous: str | None = None, **fields: Any) -> dict[str, Any]:
+    """One turn; its terminal event."""
+    event: dict[str, Any] = {"type": "response.create", "model": "m", "input": "hi", **fields}
+    if previous is not None:
+        event["previous_response_id"] = previous
+    sock.send(event)
+    return sock.receive_turn(timeout=WAIT)[-1]
+
+
+@pytest.fixture
+def access(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    return caplog
+
+
+def lines(
+    caplog: pytest.LogCaptureFixture, *, connections: int = 1
+) -> tuple[list[logging.LogRecord], list[logging.LogRecord]]:
+    """The access log's turn and connection records, once `connections` connections closed
+    (the server writes a connection's line after the client saw its socket close)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
+        closed = [r for r in records if CONNECTION_LINE.fullmatch(r.getMessage())]
+        if len(closed) >= connections or time.monotonic() > deadline:
+            turns = [r for r in records if r not in closed]
+            return turns, closed
+        time.sleep(0.02)
+
+
+def parsed(record: logging.LogRecord, pattern: re.Pattern[str]) -> dict[str, str]:
+    match = pattern.fullmatch(record.getMessage())
+    assert match is not None, record.getMessage()
+    assert record.levelno == logging.INFO
+    return match.groupdict()
+
+
+def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    with serve(middleware()) as base, connect(base) as sock:
+        first = turn(sock)["response"]["id"]
+        second = turn(sock, first, stream_id="lane-a")["response"]["id"]
+        sock.close()
+        turns, (closed,) = lines(access)
+    one, two = (parsed(record, TURN_LINE) for record in turns)
+    connection = parsed(closed, CONNECTION_LINE)
+    assert one["conn"] == two["conn"] == connection["conn"]
+    assert one["client"] == two["client"] == connection["client"]
+    assert (one["status"], one["id"], one["previous"], one["cache"], one["lane"]) == (
+        "completed",
+        first,
+        "-",
+        "-",
+        "-",
+    )
+    assert (two["status"], two["id"], two["previous"], two["cache"], two["lane"]) == (
+        "completed",
+        second,
+        first,
+        "hit",
+        "lane-a",
+    )
+    assert one["code"] == two["code"] == "-"
+    assert all(int(line["bytes_in"]) > 0 and int(line["bytes_out"]) > 0 for line in (one, two))
+    assert (connection["close"], connection["by"], connection["turns"]) == ("1000", "client", "2")
+    assert connection["reason"] == "-"
+    assert int(connection["bytes_in"]) == int(one["bytes_in"]) + int(two["bytes_in"])
+    assert int(connection["bytes_out"]) == int(one["bytes_out"]) + int(two["bytes_out"])
+    # The values also ride on the records, for a structured formatter.
+    record = turns[1]
+    assert record.__dict__["response_id"] == second
+    assert record.__dict__["previous_response_id"] == first
+    assert record.__dict__["status"] == "completed"
+    assert record.__dict__["cache"] == "hit"
+    assert record.__dict__["connection_id"] == connection["conn"]
+    assert closed.__dict__["close_code"] == 1000
+    assert closed.__dict__["turns"] == 2
+
+
+def test_a_failed_turn_says_its_code_and_a_client_value_cannot_forge_a_line(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    with serve(middleware()) as base, connect(base) as sock:
+        refused = turn(sock, "resp_x\nINFO: forged")
+        assert refused["type"] == "error"
+        sock.close()
+        (failed,), _ = lines(access)
+    line = parsed(failed, TURN_LINE)
+    assert "\n" not in failed.getMessage()
+    # Quoted and escaped, spaces too: one line, one field.
+    assert line["previous"] == r"'resp_x\nINFO:\x20forged'"
+    assert (line["status"], line["code"], line["cache"]) == (
+        "failed",
+        "previous_response_not_found",
+        "miss",
+    )
+    assert line["id"] == "-"
+
+
+def test_a_client_that_leaves_mid_turn_leaves_an_abandoned_turn(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    with serve(middleware()) as base:
+        with connect(base) as sock:
+            sock.send(
+                {
+                    "type": "response.create",
+                    "model": "m",
+                    "input": "hi",
+                    "metadata": {"delay": "5"},
+                }
+            )
+            time.sleep(0.3)  # the turn is running
+        turns, (closed,) = lines(access)
+    (abandoned,) = (parsed(record, TURN_LINE) for record in turns)
+    assert (abandoned["status"], abandoned["id"], abandoned["code"]) == ("abandoned", "-", "-")
+    connection = parsed(closed, CONNECTION_LINE)
+    assert (connection["close"], connection["by"], connection["turns"]) == ("1000", "client", "1")
+
+
+def test_a_connection_closed_at_its_lifetime_limit_says_so(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    app = middleware(limits=Limits(max_connection_seconds=0.5))
+    with serve(app) as base, connect(base) as sock:
+        turn(sock)
+        ended = sock.receive(timeout=WAIT)
+        assert ended["error"]["code"] == "websocket_connection_limit_reached"
+        turns, (closed,) = lines(access)
+    assert len(turns) == 1
+    connection = parsed(closed, CONNECTION_LINE)
+    assert (connection["close"], connection["by"]) == ("1001", "server")
+    assert connection["reason"] == "'connection lifetime limit reached'"
+    assert float(connection["seconds"]) >= 0.5
+
+
+def test_access_log_false_writes_no_line(access: pytest.LogCaptureFixture) -> None:
+    with serve(middleware(access_log=False)) as base, connect(base) as sock:
+        turn(sock)
+    time.sleep(0.3)
+    assert [r for r in access.records if r.name == ACCESS_LOGGER] == []
+
+
+def test_access_log_must_be_a_bool() -> None:
+    from ws_mode import ConfigError
+
+    with pytest.raises(ConfigError, match="access_log"):
+        WebSocketModeMiddleware(Starlette(), access_log="yes")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def stopped_redis() -> RedisServer:
+    """A Redis that ran and was stopped: its port refuses connections."""
+    server = RedisServer().start()
+    server.stop()
+    return server
+
+
+def store_warnings(caplog: pytest.LogCaptureFixture, seen: Callable[[str], bool]) -> list[str]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        found = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "ws_mode._persistence" and r.levelno == logging.WARNING
+        ]
+        if any(seen(message) for message in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
+def test_a_store_that_is_down_is_logged_with_cause_and_address_never_the_password(
+    access: pytest.LogCaptureFixture, stopped_redis: RedisServer
+) -> None:
+    password = "s3cret-password"
+    port = stopped_redis.port
+    store = RedisStore(f"redis://:{password}@127.0.0.1:{port}/0", timeout=1, write_timeout=1)
+    with serve(middleware(store=store, shared_store=True)) as base:
+        with connect(base) as sock:
+            first = turn(sock)  # answered; its write fails in the background
+            assert first["type"] == "response.completed"
+            written = store_warnings(access, lambda message: "failed to keep" in message)
+        with connect(base) as sock:  # its cache is empty: the parent must come from the store
+            down = turn(sock, first["response"]["id"])
+            assert down["error"]["code"] == "store_unavailable"
+            warnings = store_warnings(access, lambda message: "failed to hydrate" in message)
+        turns, _ = lines(access, connections=2)
+    address = f"(redis://127.0.0.1:{port}/0)"
+    keep = next(message for message in written if "failed to keep" in message)
+    assert keep.startswith(f"the store failed to keep '{first['response']['id']}': ConnectionError")
+    assert f"127.0.0.1:{port}" in keep
+    assert keep.endswith(address)
+    hydrate = next(message for message in warnings if "failed to hydrate" in message)
+    assert hydrate.startswith(f"the store failed to hydrate '{first['response']['id']}': ")
+    assert "ConnectionError" in hydrate
+    assert hydrate.endswith(address)
+    every = "\n".join(record.getMessage() for record in access.records)
+    assert password not in every
+    failed = parsed(turns[-1], TURN_LINE)
+    assert (failed["status"], failed["code"], failed["cache"]) == (
+        "failed",
+        "store_unavailable",
+        "miss",
+    )
+
+
+def test_a_store_that_does_not_answer_is_logged_as_a_timeout_with_its_bound(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer() as server:
+        port = server.port
+        store = RedisStore(server.url, timeout=0.5, write_timeout=0.5)
+        server.freeze()  # accepts connections, never answers
+        try:
+            with serve(middleware(store=store, shared_store=True)) as base, connect(base) as sock:
+                turn(sock)
+                found = store_warnings(access, lambda message: "failed to keep" in message)
+        finally:
+            server.thaw()
+    keep = next(message for message in found if "failed to keep" in message)
+    # RedisStore's own bound (write_timeout) passed before the middleware's.
+    assert keep.endswith(
+        f": TimeoutError: no answer within the store's own timeout (redis://127.0.0.1:{port}/0)"
+    )
+
+
+def test_the_command_line_shows_the_access_log_until_logging_is_configured() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import logging
+                from ws_mode import _access_log
+                _access_log.show_access_log()
+                _access_log.show_access_log()  # once per process
+                access = logging.getLogger("ws_mode.access")
+                access.info('127.0.0.1:1 - "WebSocket /v1/responses" 1000 shown')
+                logging.basicConfig(format="root: %(message)s", level=logging.INFO)
+                access.info("by the root handler")
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.splitlines() == [
+        'INFO:     127.0.0.1:1 - "WebSocket /v1/responses" 1000 shown'
+    ]
+    assert result.stderr.splitlines() == ["root: by the root handler"]

@@ -1,0 +1,189 @@
+"""What each turn and each connection did, told once it ends: a line of the access log
+(`ws_mode._access_log`) and a span (`ws_mode._tracing`).
+
+A record is filled in as the work goes from what the connection and the turn runner know
+anyway; the only per-event work is counting the bytes of the frames sent. One `Observer` per
+middleware says where the records go: its tracing (None: no span, and nothing done for one)
+and whether its access log is on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import _access_log as access_log
+from ._asgi import Scope
+from ._tracing import ConnectionSpan, Tracing, TurnSpan
+
+#: The `close_code` of a connection that ended without a close frame (RFC 6455 §7.4.1).
+ABNORMAL_CLOSURE = 1006
+
+
+@dataclass(slots=True, eq=False)
+class ConnectionRecord:
+    """One accepted connection, as the access log and its span report it."""
+
+    #: A short random id, on the connection's line and on each of its turns' lines.
+    id: str
+    #: The client's address as the server saw it (``host:port``), or ``-``.
+    client: str
+    path: str
+    #: When it was accepted (`time.perf_counter()`).
+    started: float
+    span: ConnectionSpan | None = None
+    turns: int = 0
+    #: The text frames received and sent, in characters (bytes, for ASCII JSON).
+    bytes_in: int = 0
+    bytes_out: int = 0
+    #: The close frame's code and reason, and who sent it first (``client`` or ``server``).
+    close_code: int | None = None
+    close_reason: str | None = None
+    closed_by: str | None = None
+    duration: float = 0.0
+
+    def closed(self, code: int, reason: str | None, by: str) -> None:
+        """Note the close, unless one was noted already (the first one is the close)."""
+        if self.close_code is None:
+            self.close_code, self.close_reason, self.closed_by = code, reason or None, by
+
+
+@dataclass(slots=True, eq=False)
+class TurnRecord:
+    """One `response.create` served (a generated response, or a warm-up), as the access log
+    and its span report it."""
+
+    connection: ConnectionRecord
+    stream_id: str | None
+    previous_response_id: str | None
+    #: The length of the create's frame (0 for a successor steering input calls for).
+    bytes_in: int
+    started: float
+    span: TurnSpan | None = None
+    response_id: str | None = None
+    #: Where `previous_response_id` was found: ``hit`` (the connection's cache), ``store``
+    #: (hydrated from the store), ``forwarded`` (to the handler, `on_cache_miss="forward"`),
+    #: ``miss`` (nowhere); None without a `previous_response_id`.
+    cache: str | None = None
+    warm_up: bool = False
+    #: The response was cut at an output item for steering input.
+    steered: bool = False
+    #: ``completed`` / ``incomplete`` (the response's status), ``failed`` (a failed response
+    #: or an error event, `error_code` says which), or ``abandoned`` (the client left, or the
+    #: connection closed, before the response ended).
+    status: str = "abandoned"
+    error_code: str | None = None
+    bytes_out: int = 0
+    duration: float = 0.0
+
+    def failed(self, code: str | None) -> None:
+        """The turn ended with an error (`code`: its error code)."""
+        self.status = "failed"
+        self.error_code = code or "response_failed"
+
+
+class Observer:
+    """Where one middleware's records go: spans (`tracing`; None: none) and the access log
+    (`access_log`: whether its lines are written, at INFO on ``ws_mode.access``)."""
+
+    __slots__ = ("access_log", "tracing")
+
+    def __init__(self, *, tracing: Tracing | None = None, access_log: bool = True) -> None:
+        self.tracing = tracing
+        self.access_log = access_log
+
+    def connection_record(self, scope: Scope, path: str) -> ConnectionRecord:
+        """The record of a connection about to be served."""
+        client = scope.get("client")
+        return ConnectionRecord(
+            id=secrets.token_hex(4),
+            client=f"{client[0]}:{client[1]}" if client else "-",
+            path=path,
+            started=time.perf_counter(),
+        )
+
+    def connection_opened(self, record: ConnectionRecord, scope: Scope) -> None:
+        """The connection is accepted: its span starts, current in the task serving it."""
+        record.started = time.perf_counter()
+        if self.tracing is not None:
+            record.span = self.tracing.connection(scope, record.path, record.id)
+            if record.span is not None:
+                record.span.attach()
+
+    def connection_closed(self, record: ConnectionRecord) -> None:
+        """The connection ended: its line, and its span ends."""
+        record.duration = time.perf_counter() - record.started
+        if record.close_code is None:
+            record.closed(ABNORMAL_CLOSURE, None, "client")
+        if record.span is not None:
+            record.span.end(_connection_attributes(record))
+        if self.access_log:
+            access_log.connection_line(record)
+
+    def turn_started(
+        self,
+        connection: ConnectionRecord,
+        *,
+        stream_id: str | None,
+        previous_response_id: str | None,
+        model: object,
+        bytes_in: int,
+    ) -> TurnRecord:
+        """The record of a turn starting now; its span is current until `turn_ended`."""
+        record = TurnRecord(
+            connection, stream_id, previous_response_id, bytes_in, time.perf_counter()
+        )
+        if connection.span is not None:
+            record.span = connection.span.turn(
+                stream_id=stream_id,
+                previous_response_id=previous_response_id,
+                model=model if isinstance(model, str) else None,
+            )
+        return record
+
+    def turn_ended(self, record: TurnRecord) -> None:
+        """The turn ended: its line, and its span ends."""
+        record.duration = time.perf_counter() - record.started
+        connection = record.connection
+        connection.turns += 1
+        if record.span is not None:
+            record.span.end(_turn_attributes(record), record.error_code)
+        if self.access_log:
+            access_log.turn_line(record)
+
+
+def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "ws_mode.response.status": record.status,
+        "ws_mode.bytes_in": record.bytes_in,
+        "ws_mode.bytes_out": record.bytes_out,
+    }
+    if record.response_id is not None:
+        attributes["gen_ai.response.id"] = record.response_id
+    if record.cache is not None:
+        attributes["ws_mode.cache.hit"] = record.cache == "hit"
+        attributes["ws_mode.store.hydrated"] = record.cache == "store"
+        if record.cache == "forwarded":
+            attributes["ws_mode.previous_response.forwarded"] = True
+    if record.warm_up:
+        attributes["ws_mode.warm_up"] = True
+    if record.steered:
+        attributes["ws_mode.steered"] = True
+    if record.error_code is not None:
+        attributes["error.type"] = record.error_code
+    return attributes
+
+
+def _connection_attributes(record: ConnectionRecord) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "ws_mode.turns": record.turns,
+        "ws_mode.bytes_in": record.bytes_in,
+        "ws_mode.bytes_out": record.bytes_out,
+        "ws_mode.close.code": record.close_code,
+        "ws_mode.close.by": record.closed_by,
+    }
+    if record.close_reason:
+        attributes["ws_mode.close.reason"] = record.close_reason
+    return attributes
