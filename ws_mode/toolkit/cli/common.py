@@ -3,7 +3,8 @@
 :class:`CommandError` is the one-line failure a command exits 1 for; :func:`run_server` runs
 uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
 :func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
-bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead.
+bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead, each
+draining before it stops.
 """
 
 from __future__ import annotations
@@ -160,15 +161,18 @@ def run_workers(
     """Run ``args.workers`` uvicorn worker processes serving the app factory ``target``
     (``"module:function"``, called in each worker) on one socket bound here at
     ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
-    process's environment, and uvicorn restarts one that dies. ``config`` goes to
-    ``uvicorn.Config``. :class:`CommandError` when the ``what`` cannot start.
+    process's environment, and uvicorn restarts one that dies; SIGHUP replaces them one at a
+    time (a rolling restart). ``config`` goes to ``uvicorn.Config``. :class:`CommandError`
+    when the ``what`` cannot start.
 
-    The workers are uvicorn's own servers: on shutdown their sockets close at once (1012)
-    instead of draining first as with :func:`run_server`.
+    A worker told to stop (SIGHUP's restart, SIGTERM, the command's shutdown) stops accepting,
+    then drains WebSocket mode like :func:`run_server` (running turns finish, sockets close
+    with 1001): :mod:`.workers`.
     """
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
+
+    from .workers import HEALTHCHECK_SECONDS, DrainingSupervisor
 
     host = url_host(args.host)
     settings = uvicorn.Config(
@@ -179,6 +183,7 @@ def run_workers(
         port=args.port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
+        timeout_worker_healthcheck=HEALTHCHECK_SECONDS,
         **config,
     )
     try:
@@ -188,7 +193,7 @@ def run_workers(
     with listener:
         listener.listen(settings.backlog)  # connections wait for the workers, never refused
         print(banner(f"{host}:{listener.getsockname()[1]}"), flush=True)
-        supervisor = Multiprocess(settings, sockets=[listener])
+        supervisor = DrainingSupervisor(settings, sockets=[listener])
         with contextlib.suppress(KeyboardInterrupt):
             supervisor.run()
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):

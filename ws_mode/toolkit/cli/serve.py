@@ -189,8 +189,9 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(a memory store is per process: a conversation continued on another worker would "
         f"not be found). Each worker builds its app with {APP_FACTORY} from the variables "
         f"{', '.join(ENVIRONMENT.values())}, which the flags set (any server that takes an "
-        "app factory can serve it so). On shutdown the workers close their sockets at once "
-        "(1012) instead of draining; clients continue from the store (default: %(default)s)",
+        "app factory can serve it so). SIGHUP restarts the workers one at a time; a worker "
+        "that stops lets its running turns finish, then closes its sockets with 1001, and "
+        "clients continue from the store on another worker (default: %(default)s)",
     )
     add_metrics_argument(serve)
     serve.set_defaults(run=functools.partial(_serve, serve))
