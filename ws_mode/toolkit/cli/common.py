@@ -172,7 +172,7 @@ def run_workers(
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
 
-    from .workers import HEALTHCHECK_SECONDS, DrainingSupervisor
+    from .workers import DrainingSupervisor
 
     host = url_host(args.host)
     settings = uvicorn.Config(
@@ -183,7 +183,6 @@ def run_workers(
         port=args.port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
-        timeout_worker_healthcheck=HEALTHCHECK_SECONDS,
         **config,
     )
     try:

@@ -17,6 +17,7 @@ recoverable, and the store writes under way land. Only then does uvicorn's own s
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
@@ -26,13 +27,14 @@ from uvicorn.supervisors import multiprocess
 
 from ws_mode.server import Server, find_middlewares
 
-__all__ = ["HEALTHCHECK_SECONDS", "DrainingProcess", "DrainingSupervisor", "DrainingWorker"]
+__all__ = ["START_SECONDS", "DrainingProcess", "DrainingSupervisor", "DrainingWorker"]
 
-#: How long a new worker may take to serve, and a worker to answer the supervisor's ping
-#: (uvicorn's ``timeout_worker_healthcheck``, 5 s by default). A worker imports the toolkit
-#: and connects its store before it serves, which took up to 8 s on a busy 2-core host; past
-#: the limit uvicorn abandons a rolling restart, leaving the old workers in place.
-HEALTHCHECK_SECONDS: Final = 30
+#: How long a new worker of a rolling restart may take to serve before uvicorn abandons the
+#: restart (keeping the old workers). uvicorn allows ``timeout_worker_healthcheck`` (5 s), the
+#: same bound as its pings; a worker imports the toolkit and connects its store before it
+#: serves, which took up to 8 s on a busy 2-core host. The pings keep uvicorn's bound: a
+#: worker that dies while a ping waits for its answer is replaced only once the bound is over.
+START_SECONDS: Final = 30.0
 
 
 class DrainingWorker(Server):
@@ -56,14 +58,18 @@ class DrainingWorker(Server):
 
 
 class DrainingProcess(multiprocess.Process):
-    """uvicorn's worker process, running a :class:`DrainingWorker`. It is pickled into the new
-    process (multiprocessing's spawn), which imports this module to rebuild it."""
+    """uvicorn's worker process, running a :class:`DrainingWorker`, given
+    :data:`START_SECONDS` to start in a rolling restart. It is pickled into the new process
+    (multiprocessing's spawn), which imports this module to rebuild it."""
 
     @property
     def server(self) -> uvicorn.Server:
         if self._server is None:
             self._server = DrainingWorker(self.config)
         return self._server
+
+    def wait_until_ready(self, timeout: float, should_exit: threading.Event | None = None) -> bool:
+        return super().wait_until_ready(max(timeout, START_SECONDS), should_exit)
 
 
 class DrainingSupervisor(multiprocess.Multiprocess):
