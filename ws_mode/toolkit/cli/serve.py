@@ -1,10 +1,12 @@
 """``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn.
 
-One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`). With
-``--workers N`` (N > 1), N uvicorn worker processes share one socket; each builds its app with
-:func:`app_from_environment` from the ``WS_MODE_SERVE_*`` environment variables
-(:data:`ENVIRONMENT`), which the command sets from its flags. Any server that takes an app
-factory can run the same app, e.g.::
+One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`).
+With ``--workers N`` (N > 1), N uvicorn worker processes share one socket, each drained before
+it stops, and SIGHUP restarts them one at a time (:mod:`~ws_mode.toolkit.cli.workers`); each
+builds its app with :func:`app_from_environment` from the ``WS_MODE_SERVE_*`` environment
+variables (:data:`ENVIRONMENT`), which the command sets from its flags. Any server that takes
+an app factory can run the same app (uvicorn's own workers close their sockets with 1012
+instead of draining), e.g.::
 
     WS_MODE_SERVE_STORE=redis://127.0.0.1:6379/0 \\
         uvicorn --factory ws_mode.toolkit.cli.serve:app_from_environment --workers 4
