@@ -5,7 +5,8 @@ foreground server.
 modules a command imports and the extra that brings them; :func:`run_server` runs
 uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
 :func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
-bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead.
+bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead, each
+draining before it stops.
 """
 
 from __future__ import annotations
@@ -193,16 +194,18 @@ def run_workers(
     """Run ``args.workers`` uvicorn worker processes serving the app factory ``target``
     (``"module:function"``, called in each worker) on one socket bound here at
     ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
-    process's environment, and uvicorn restarts one that dies. ``config`` goes to
-    ``uvicorn.Config`` (``ws`` defaults to ``UVICORN_WS``). :class:`CommandError` when the
-    ``what`` cannot start.
+    process's environment, and uvicorn restarts one that dies; SIGHUP replaces them one at a
+    time (a rolling restart). ``config`` goes to ``uvicorn.Config`` (``ws`` defaults to
+    ``UVICORN_WS``). :class:`CommandError` when the ``what`` cannot start.
 
-    The workers are uvicorn's own servers: on shutdown their sockets close at once (1012)
-    instead of draining first as with :func:`run_server`.
+    A worker told to stop (SIGHUP's restart, SIGTERM, the command's shutdown) stops accepting,
+    then drains WebSocket mode like :func:`run_server` (running turns finish, sockets close
+    with 1001): :mod:`.workers`.
     """
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
+
+    from .workers import DrainingSupervisor
 
     host = url_host(args.host)
     settings = uvicorn.Config(
@@ -222,7 +225,7 @@ def run_workers(
     with listener:
         listener.listen(settings.backlog)  # connections wait for the workers, never refused
         print(banner(f"{host}:{listener.getsockname()[1]}"), flush=True)
-        supervisor = Multiprocess(settings, sockets=[listener])
+        supervisor = DrainingSupervisor(settings, sockets=[listener])
         with contextlib.suppress(KeyboardInterrupt):
             supervisor.run()
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):

@@ -1,10 +1,12 @@
 """``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn.
 
-One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`). With
-``--workers N`` (N > 1), N uvicorn worker processes share one socket; each builds its app with
-:func:`app_from_environment` from the ``WS_MODE_SERVE_*`` environment variables
-(:data:`ENVIRONMENT`), which the command sets from its flags. Any server that takes an app
-factory can run the same app, e.g.::
+One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`).
+With ``--workers N`` (N > 1), N uvicorn worker processes share one socket, each drained before
+it stops, and SIGHUP restarts them one at a time (:mod:`~ws_mode.toolkit.cli.workers`); each
+builds its app with :func:`app_from_environment` from the ``WS_MODE_SERVE_*`` environment
+variables (:data:`ENVIRONMENT`), which the command sets from its flags. Any server that takes
+an app factory can run the same app (uvicorn's own workers close their sockets with 1012
+instead of draining), e.g.::
 
     WS_MODE_SERVE_STORE=redis://127.0.0.1:6379/0 \\
         uvicorn --factory ws_mode.toolkit.cli.serve:app_from_environment --workers 4
@@ -191,8 +193,9 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(a memory store is per process: a conversation continued on another worker would "
         f"not be found). Each worker builds its app with {APP_FACTORY} from the variables "
         f"{', '.join(ENVIRONMENT.values())}, which the flags set (any server that takes an "
-        "app factory can serve it so). On shutdown the workers close their sockets at once "
-        "(1012) instead of draining; clients continue from the store (default: %(default)s)",
+        "app factory can serve it so). SIGHUP restarts the workers one at a time; a worker "
+        "that stops lets its running turns finish, then closes its sockets with 1001, and "
+        "clients continue from the store on another worker (default: %(default)s)",
     )
     add_metrics_argument(serve)
     serve.set_defaults(run=functools.partial(_serve, serve))
