@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -27,7 +28,7 @@ from ._items import Items
 from ._limits import Limits
 from ._logs import for_log
 from ._stats import Stats
-from ._store import QuotaExceeded, ResponseStore, StoredResponse, chain_of
+from ._store import ParentNotStored, QuotaExceeded, ResponseStore, StoredResponse, chain_of
 
 __all__ = [
     "StoreLink",
@@ -151,30 +152,50 @@ async def read_one(store: ResponseStore, owner: str, response_id: str) -> Stored
 
 
 async def keep(
-    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+    store: ResponseStore,
+    stats: Stats,
+    owner: str,
+    *records: StoredResponse,
+    seconds: float,
+    whole: Callable[[], Sequence[StoredResponse]] | None = None,
 ) -> bool:
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
     within `seconds` (`Limits.store_write_seconds`; the marker that announces the write to
-    other workers expires with it); whether all landed. A failure, a refusal or a cancellation is
-    logged and counted (`store_failures`, `store_refused`), never raised, except the
-    cancellation itself."""
-    written = 0
+    other workers expires with it); whether all landed. When the store no longer holds the
+    conversation they continue (`ParentNotStored`: a restart without persistence, an
+    eviction), `whole()` gives it from its first response, and it is written instead. A
+    failure, a refusal or a cancellation is logged and counted (`store_failures`,
+    `store_refused`), never raised, except the cancellation itself."""
+    written = landed = 0  # records of `records` written; records written in all
     mark_pending = getattr(store, "mark_pending", None)
     try:
         async with asyncio.timeout(seconds):
             if mark_pending is not None:
                 # A continuation on another worker that misses waits for these, and only these.
                 await mark_pending(owner, [record.id for record in records], seconds)
-            for record in records:
-                dropped = await store.put(owner, record)
+            while written < len(records):
+                try:
+                    dropped = await store.put(owner, records[written])
+                except ParentNotStored:
+                    if whole is None:
+                        raise
+                    logger.warning(
+                        "the store no longer holds the conversation of %s (a restart without "
+                        "persistence, a failover or an eviction): writing it again from its "
+                        "first response",
+                        for_log(records[written].id),
+                    )
+                    records, written, whole = tuple(whole()), 0, None
+                    continue
                 written += 1
+                landed += 1
                 if dropped:
                     stats.store_dropped += dropped
                     logger.warning(
                         "the store dropped %d older conversation(s) of one principal to keep "
                         "%s within Limits.max_stored_bytes_per_principal",
                         dropped,
-                        for_log(record.id),
+                        for_log(records[written - 1].id),
                     )
     except QuotaExceeded as exc:
         stats.store_refused += 1
@@ -189,16 +210,21 @@ async def keep(
         stats.store_failures += 1
         logger.warning("the store failed to keep %s: %s", for_log(records[-1].id), for_log(exc))
     finally:
-        stats.store_writes += written
+        stats.store_writes += landed
     return written == len(records)
 
 
 def start_write(
-    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+    store: ResponseStore,
+    stats: Stats,
+    owner: str,
+    *records: StoredResponse,
+    seconds: float,
+    whole: Callable[[], Sequence[StoredResponse]] | None = None,
 ) -> asyncio.Task[bool]:
-    """Start writing `records` (`keep`, within `seconds`) as work of the process: no
-    connection or request cancels it; `flush_writes` waits for it."""
-    task = asyncio.create_task(keep(store, stats, owner, *records, seconds=seconds))
+    """Start writing `records` (`keep`, within `seconds`, with `whole`) as work of the
+    process: no connection or request cancels it; `flush_writes` waits for it."""
+    task = asyncio.create_task(keep(store, stats, owner, *records, seconds=seconds, whole=whole))
     _writes[task] = (owner, frozenset(record.id for record in records))
     task.add_done_callback(_writes_done)
     return task
@@ -296,8 +322,23 @@ class StoreLink:
         for each in nodes:
             self._stored[each.id] = True
         records = [_record(each) for each in reversed(nodes)]
+
+        def whole() -> list[StoredResponse]:
+            """The conversation from its first response: for a store that lost it."""
+            chain: list[CachedResponse] = []
+            current: CachedResponse | None = node
+            while current is not None:
+                chain.append(current)
+                current = current.parent
+            return [_record(each) for each in reversed(chain)]
+
         task = start_write(
-            self.store, self.stats, self.scope, *records, seconds=self.limits.store_write_seconds
+            self.store,
+            self.stats,
+            self.scope,
+            *records,
+            seconds=self.limits.store_write_seconds,
+            whole=whole,
         )
         ids = [each.id for each in nodes]
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from tests.redis_server import RedisServer, ping
 from ws_mode._store import (
@@ -24,7 +23,7 @@ from ws_mode._store import (
     StoredResponse,
     chain_of,
 )
-from ws_mode.redis_store import RedisStore
+from ws_mode.redis_store import RedisStore, RedisStoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -202,8 +201,10 @@ async def test_each_call_is_one_script_call(store: RedisStore, raw: aioredis.Red
     }  # fmt: skip
 
     await raw.config_resetstat()
-    await store.put(ALICE, record("c", a))
-    assert await commands_run(raw) == {"evalsha": 1, "set": 1, "hset": 1, "pexpire": 1}
+    await store.put(ALICE, record("c", a))  # a continuation: its chain is checked first
+    assert await commands_run(raw) == {
+        "evalsha": 1, "exists": 1, "set": 1, "hset": 1, "pexpire": 1,
+    }  # fmt: skip
 
 
 async def test_a_client_given_to_the_store_stays_open(server: RedisServer) -> None:
@@ -238,7 +239,7 @@ async def assert_every_call_fails_fast(store: RedisStore) -> None:
     )
     for call in calls:
         started = time.monotonic()
-        with pytest.raises((RedisError, TimeoutError)):
+        with pytest.raises((RedisStoreError, TimeoutError)):
             await call()
         # A hang, not a speed: the callers' deadlines are under a second and a refused
         # connection fails at once; without them a frozen Redis blocks the call forever. The
