@@ -24,12 +24,14 @@ import contextlib
 import ctypes
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -132,7 +134,8 @@ class RedisServer:
         self.watchdog = watchdog
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        self._folder = tempfile.TemporaryDirectory(prefix="ws-mode-redis-")
+        self._folder = tempfile.mkdtemp(prefix="ws-mode-redis-")
+        weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
 
     @property
     def url(self) -> str:
@@ -166,7 +169,7 @@ class RedisServer:
                 "--save", "",
                 "--appendonly", "no",
                 # Its own working directory: nothing written there is ever loaded by another.
-                "--dir", self._folder.name,
+                "--dir", self._folder,
                 # A master sends its replicas its data over the socket, and a replica loads it
                 # from there: no dump.rdb that a restart without persistence would load.
                 "--repl-diskless-sync", "yes",

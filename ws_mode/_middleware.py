@@ -354,10 +354,19 @@ class WebSocketModeMiddleware:
             problem = await _check_store(self.settings.store, self.settings.limits)
             if problem is not None and not self.start_degraded:
                 # The server logs the message (uvicorn, hypercorn) and exits.
-                await send({"type": "lifespan.startup.failed", "message": problem})
+                message = (
+                    f"{problem}. Fix the store, or start anyway with start_degraded=True "
+                    "(ws-mode: --start-degraded)"
+                )
+                await send({"type": "lifespan.startup.failed", "message": message})
                 return
             if problem is not None:
-                logger.warning("STARTING DEGRADED (start_degraded=True): %s", problem)
+                logger.warning(
+                    "STARTING DEGRADED (start_degraded=True): %s. Until it works, turns that "
+                    "continue a response missing from their connection's cache fail "
+                    "(store_unavailable), and no response is kept",
+                    problem,
+                )
         replayed = [first]
 
         async def receive_again() -> Message:
@@ -438,11 +447,7 @@ async def _check_store(store: ResponseStore, limits: Limits) -> str | None:
         logger.warning("WebSocket mode's store: %s", warning)
     if problem is None:
         return None
-    return (
-        f"WebSocket mode's store does not work: {problem}. Turns that continue a response "
-        "missing from their connection's cache fail, and no response is kept, until it does. "
-        "Fix the store, or start anyway with start_degraded=True (ws-mode: --start-degraded)"
-    )
+    return f"WebSocket mode's store does not work: {problem.rstrip('.')}"
 
 
 def _bound_store(store: ResponseStore, limits: Limits) -> None:

@@ -74,6 +74,7 @@ __all__ = [
     "explain",
     "open_client",
     "retryable",
+    "url_kind",
 ]
 
 #: One Redis, a Redis Cluster, or a master that Sentinels follow across failovers.
@@ -111,6 +112,26 @@ class Endpoint:
     closers: tuple[Callable[[], Awaitable[None]], ...]
 
 
+def url_kind(url: str) -> Kind:
+    """What a store URL names, its form checked (nothing is connected); ValueError, without
+    the URL's credentials, when it is not one of the forms above."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"a Redis store URL starts with {', '.join(f'{s}://' for s in SCHEMES)}; "
+            f"got {_without_credentials(url)!r}"
+        )
+    kind = SCHEMES[scheme][0]
+    if kind == "redis":
+        try:
+            parse_url(url)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({_without_credentials(url)!r})") from None
+    else:
+        _service_and_db(_split(url, kind)[2], kind, url)
+    return kind
+
+
 def open_client(
     url: str, *, max_connections: int, timeout: float, connect_timeout: float
 ) -> Endpoint:
@@ -119,12 +140,8 @@ def open_client(
     A connection found broken is replaced and the command sent once more, at once; the store
     retries nothing else on one Redis, and waits out failovers on a cluster or a Sentinel's.
     ValueError, without the URL's credentials, when the URL is not one of the forms above."""
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in SCHEMES:
-        raise ValueError(
-            f"a Redis store URL starts with {', '.join(f'{s}://' for s in SCHEMES)}; "
-            f"got {_without_credentials(url)!r}"
-        )
+    url_kind(url)
+    scheme = url.partition("://")[0].lower()
     kind, base = SCHEMES[scheme]
     retry = Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
     timeouts: dict[str, Any] = {
