@@ -499,11 +499,12 @@ class RedisStore:
         forgetful = [name for node in nodes if (name := await self._keeps_nothing(node))]
         if not forgetful:
             return []
-        which = (
-            self.where if nodes == [None] else f"the nodes {', '.join(forgetful)} of {self.where}"
-        )
+        if nodes == [None]:
+            which = f"{self.where} keeps"
+        else:
+            which = f"the nodes {', '.join(forgetful)} of {self.where} keep"
         return [
-            f'{which} keep nothing on disk (appendonly no, save ""): when Redis restarts, every '
+            f'{which} nothing on disk (appendonly no, save ""): when Redis restarts, every '
             "stored response is lost, and continuing one gets previous_response_not_found"
         ]
 
