@@ -96,7 +96,8 @@ _DEFAULT_PORT: Final[dict[Kind, int]] = {"redis": 6379, "cluster": 6379, "sentin
 #: The bound a redis-py pool reports when it was given none.
 _UNBOUNDED: Final = 2**31
 _URL: Final = re.compile(
-    r"(?P<scheme>[a-z+]+)://(?P<netloc>[^/?#]*)(?P<path>/[^?#]*)?(?:\?(?P<query>[^#]*))?"
+    r"(?P<scheme>[a-z+]+)://(?P<netloc>[^/?#]*)(?P<path>/[^?#]*)?(?:\?(?P<query>[^#]*))?",
+    re.IGNORECASE,
 )
 _NODE: Final = re.compile(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+))(?::(?P<port>\d+))?")
 

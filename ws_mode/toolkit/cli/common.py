@@ -82,7 +82,7 @@ def add_server_arguments(
         "--store",
         type=store_type or store_from_argument,
         default=None,
-        metavar="memory|redis://HOST:PORT/DB",
+        metavar="memory|REDIS_URL",
         help="keep responses created with store: true beyond the socket, so a client can "
         "continue them after a reconnect or on another worker: in this process (memory) or "
         "in Redis (needs the redis extra): one Redis (redis://HOST:PORT/DB, rediss:// with "
