@@ -486,7 +486,7 @@ class RedisStore:
                     f"{self.where} is a node of a Redis Cluster: name the cluster with "
                     f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
                 )
-            role = (await self._info("replication", None)).get("role")
+            role = (await self._info("replication", None)).get("role", "master")
             if role != "master":
                 raise RedisStoreError(
                     f"{self.where} is a read-only replica (role: {role}): name its master, or "
@@ -509,9 +509,17 @@ class RedisStore:
         ]
 
     async def _info(self, section: str, node: object) -> dict[str, object]:
-        """`INFO section`, of one cluster node when `node` is one."""
+        """`INFO section`, of one cluster node when `node` is one; empty when Redis will not
+        say (an ACL without INFO, a managed Redis that renamed it)."""
+        from redis.exceptions import ResponseError
+
         extra = {} if node is None else {"target_nodes": node}
-        found: dict[str, object] = await self._call(lambda: self.client.info(section, **extra))
+        try:
+            found: dict[str, object] = await self._call(lambda: self.client.info(section, **extra))
+        except RedisStoreError as exc:
+            if isinstance(exc.__cause__, ResponseError):
+                return {}
+            raise
         return found
 
     async def _keeps_nothing(self, node: object) -> str | None:
