@@ -76,9 +76,10 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
 
 
 def free_cluster_port() -> int:
-    """A port for a cluster node: free, like its bus port 10000 above, and 55535 at most."""
+    """A port for a cluster node: free, like its bus port 10000 above (at most 55535), both
+    below Linux's ephemeral ports (32768 on), which outgoing connections take at any time."""
     for _ in range(1000):
-        port = random.randint(20000, 55535)
+        port = random.randint(20000, 22767)
         with socket.socket() as low, socket.socket() as high:
             try:
                 low.bind(("127.0.0.1", port))

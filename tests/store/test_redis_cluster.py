@@ -21,7 +21,7 @@ from tests.servers import serve, ws_mode_serve
 from tests.store_kit import ClosingStore, answers, turn, who
 from ws_mode import WebSocketModeMiddleware
 from ws_mode._store import ParentNotStored, StoredResponse
-from ws_mode.redis_store import RedisStore, RedisStoreError
+from ws_mode.redis_store import RedisStore, RedisStoreError, principal_digest
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 pytestmark = pytest.mark.anyio
@@ -228,22 +228,24 @@ def test_conversations_hop_between_two_workers_while_a_master_fails_over() -> No
     assert writes >= 4 * len(PRINCIPALS)
 
 
-def test_ws_mode_serve_names_a_cluster(tmp_path: Path) -> None:
-    with ClusterServers(masters=3, replicas=0) as cluster:
-        flags = ("--tool-calls", "1", "--store", cluster.url)
-        with ws_mode_serve(*flags, cwd=tmp_path) as a, ws_mode_serve(*flags, cwd=tmp_path) as b:
-            first = turn(a.origin, input="Plan it.")
-            assert first["type"] == "response.completed", first
-            response = first["response"]
-            event = turn(b.origin, input=answers(response), previous_response_id=response["id"])
-            assert event["type"] == "response.completed", event
-        holding = []
-        for node in cluster.nodes:
-            with node.client() as client:
-                holding += [node.port] if client.dbsize() else []
-        # `ws-mode serve` authenticates nobody: one shared scope, so one hash tag, one slot and
-        # one master (a cluster gives it failover, not sharding).
-        assert len(holding) == 1
+def test_ws_mode_serve_names_a_cluster(cluster: ClusterServers, tmp_path: Path) -> None:
+    flags = ("--tool-calls", "1", "--store", cluster.url)
+    with ws_mode_serve(*flags, cwd=tmp_path) as served:
+        first = turn(served.origin, input="Plan it.")
+        assert first["type"] == "response.completed", first
+        response = first["response"]
+        # A new socket: the continuation is hydrated from the cluster.
+        event = turn(served.origin, input=answers(response), previous_response_id=response["id"])
+        assert event["type"] == "response.completed", event
+        assert served.process.poll() is None
+    holding = []
+    shared = f"ws_mode:{{{principal_digest('shared')}}}:*"  # the shared scope's keys
+    for node in cluster.nodes[:3]:
+        with node.client() as client:
+            holding += [node.port] if client.keys(shared) else []
+    # `ws-mode serve` authenticates nobody: one shared scope, so one hash tag, one slot and
+    # one master (a cluster gives it failover, not sharding).
+    assert len(holding) == 1
 
 
 async def test_a_master_killed_loses_no_stored_response_and_writes_wait_out_the_failover() -> None:

@@ -121,8 +121,11 @@ async def test_one_redis_named_where_a_replica_is_says_so(sentinel: SentinelServ
 
 def test_ws_mode_serve_names_a_sentinels_master(sentinel: SentinelServers, tmp_path: Path) -> None:
     flags = ("--tool-calls", "1", "--store", sentinel.url)
-    with ws_mode_serve(*flags, cwd=tmp_path) as a, ws_mode_serve(*flags, cwd=tmp_path) as b:
-        first = turn(a.origin, input="Plan it.")
+    with ws_mode_serve(*flags, cwd=tmp_path) as served:
+        first = turn(served.origin, input="Plan it.")
         response = first["response"]
-        event = turn(b.origin, input=answers(response), previous_response_id=response["id"])
+        # A new socket: the continuation is hydrated from the Sentinel's master.
+        event = turn(served.origin, input=answers(response), previous_response_id=response["id"])
         assert event["type"] == "response.completed", event
+    with sentinel.current_master().client() as client:
+        assert client.keys("ws_mode:*")
