@@ -54,7 +54,6 @@ from redis.exceptions import (
     MaxConnectionsError,
     MovedError,
     NoPermissionError,
-    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
@@ -69,6 +68,7 @@ __all__ = [
     "ERRORS",
     "Endpoint",
     "Kind",
+    "brief",
     "client_bound",
     "describe_client",
     "explain",
@@ -326,81 +326,77 @@ def retryable(error: BaseException, kind: Kind) -> bool:
     return isinstance(error, _PASSING)
 
 
+def brief(where: str) -> str:
+    """`where` for a log line: a cluster's or Sentinels' first node only
+    (`redis+cluster://10.0.0.1:7000,...`)."""
+    scheme, sep, rest = where.partition("://")
+    nodes, slash, path = rest.partition("/")
+    first, comma, _others = nodes.partition(",")
+    return f"{scheme}{sep}{first}{',...' if comma else ''}{slash}{path}"
+
+
 def explain(error: BaseException, kind: Kind, where: str) -> str:
-    """What `error` means for the store at `where`, in one line for the operator's log: what
-    Redis said, and what to do when there is something to do. Credentials are never in it
-    (`where` has none; redis-py's messages hold addresses, not passwords)."""
+    """What `error` means for the store at `where`, in one short line for the operator's log
+    (log lines cut long values): what happened and what to do first, redis-py's own words
+    last. Credentials are never in it (`where` has none; redis-py's messages hold addresses,
+    not passwords)."""
     said = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     node = _node_of(error)
-    at = f"{where} (node {node})" if node and kind == "cluster" else where
+    short = brief(where)
+    at = f"{short} (node {node})" if node and kind == "cluster" else short
     if isinstance(error, MovedError | AskError) and kind != "cluster":
         seeds = where.split("://", 1)[1].split("/", 1)[0]
         return (
-            f"{where} is a node of a Redis Cluster: it answered MOVED (the key's slot is "
-            f"served by {error.host}:{error.port}). Name the cluster with "
-            f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
+            f"{short} is a Redis Cluster node (it answered MOVED): name the cluster with "
+            f"redis+cluster://{seeds}"
         )
     if isinstance(error, RedisClusterException) and "not enabled" in str(error):
-        return (
-            f"{where} is not a Redis Cluster (cluster mode is not enabled on its node): "
-            "name one Redis with redis://, or a Sentinel's master with redis+sentinel://"
-        )
+        return f"{short} is not a Redis Cluster (cluster mode is off): name it with redis://"
     if isinstance(error, MasterNotFoundError):
         return (
-            f"no Sentinel of {where} names a master for its service now: a failover is "
-            f"under way, the service name is wrong, or the Sentinels cannot be reached ({said})"
+            f"the Sentinels of {short} name no master for its service: a failover under way, "
+            f"a wrong service name, or Sentinels out of reach ({said})"
         )
     if isinstance(error, MasterDownError):
-        return f"{at} is a replica that lost its master (MASTERDOWN): a failover is under way"
+        return f"{at} lost its master (MASTERDOWN): a failover is under way"
     if isinstance(error, ClusterDownError):
         return (
             f"the Redis Cluster {at} is down (CLUSTERDOWN): a master failed and no replica "
-            f"has taken its slots over yet, or the cluster lost its majority ({said})"
+            "took over yet, or the cluster lost its majority"
         )
     if isinstance(error, SlotNotCoveredError):
-        return (
-            f"no node of the Redis Cluster {where} serves a key's slot now: a failover is "
-            f"under way ({said})"
-        )
+        return f"no node of the Redis Cluster {short} serves a slot: a failover is under way"
     if isinstance(error, TryAgainError):
-        return f"the Redis Cluster {at} is moving a slot (TRYAGAIN): a resharding is under way"
+        return f"the Redis Cluster {at} is moving a slot (TRYAGAIN): a resharding"
     if isinstance(error, ReadOnlyError):
         if kind == "redis":
             return (
-                f"{where} is a read-only replica (READONLY): name its master, or let "
-                "Sentinel follow the master across failovers with redis+sentinel://"
+                f"{short} is a read-only replica (READONLY): name its master, or its "
+                "Sentinels with redis+sentinel://"
             )
-        return f"{at} was written to as it became a replica (READONLY): a failover is under way"
+        return f"{at} became a replica (READONLY): a failover is under way"
     if isinstance(error, BusyLoadingError):
-        return f"{at} is loading its data set after a restart (LOADING)"
+        return f"{at} is loading its data after a restart (LOADING)"
     if isinstance(error, OutOfMemoryError):
-        return (
-            f"{at} is full (OOM: used memory is over maxmemory, and maxmemory-policy is "
-            "noeviction): writes fail until memory is freed or the bound raised"
-        )
+        return f"{at} is full (OOM: maxmemory reached, maxmemory-policy noeviction)"
     if isinstance(error, AuthenticationError):
-        return f"{at} refused the credentials: a wrong or missing user name or password ({said})"
+        return f"{at} refused the credentials ({said})"
     if isinstance(error, NoPermissionError | AuthorizationError):
-        return f"{at} does not let this user run the store's commands (an ACL: NOPERM) ({said})"
-    if isinstance(error, NoScriptError):
-        return f"{at} lost the store's Lua scripts (NOSCRIPT) ({said})"
+        return f"{at} does not let this user run a store command (ACL) ({said})"
     if isinstance(error, MaxConnectionsError):
-        return f"every connection of the client of {where} was busy ({said})"
+        return f"every connection of the client of {short} was busy ({said})"
     if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
-        return (
-            f"{where} has no such database (ERR DB index is out of range: see `databases` "
-            "in its redis.conf)"
-        )
+        return f"{short} has no such database (see `databases` in its redis.conf)"
     if isinstance(error, ConnectionError) and _tls_failed(error):
         return (
-            f"TLS with {at} failed ({said}): rediss:// needs a Redis serving TLS (its "
-            "tls-port), redis:// one without; check the port, and the certificates"
+            f"TLS with {at} failed: rediss:// needs a Redis serving TLS on that port, and "
+            f"certificates that match ({said})"
         )
     if isinstance(error, ConnectionError):
-        return f"{at} cannot be reached: {said}"
+        return f"{at} cannot be reached ({said})"
     if isinstance(error, TimeoutError):
-        return f"{at} did not answer in time: {said}"
-    return f"{at} answered an error: {said}"
+        return f"{at} did not answer in time ({said})"
+    return f"{at} answered an error ({said})"
 
 
 def _node_of(error: BaseException) -> str | None:

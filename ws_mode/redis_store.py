@@ -483,14 +483,14 @@ class RedisStore:
             if str(cluster.get("cluster_enabled", "0")) == "1":
                 seeds = self.where.split("://", 1)[1].split("/", 1)[0]
                 raise RedisStoreError(
-                    f"{self.where} is a node of a Redis Cluster: name the cluster with "
+                    f"{self.where} is a Redis Cluster node: name the cluster with "
                     f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
                 )
             role = (await self._info("replication", None)).get("role", "master")
             if role != "master":
                 raise RedisStoreError(
                     f"{self.where} is a read-only replica (role: {role}): name its master, or "
-                    "let Sentinel follow the master across failovers with redis+sentinel://"
+                    "its Sentinels with redis+sentinel://"
                 )
         for script in (_PUT, _GET_CHAIN, _GET_ANCESTORS, _GET, _DELETE):
             await self._call(functools.partial(client.script_load, script))
@@ -566,7 +566,7 @@ class RedisStore:
         """`call()` within `seconds` (the lookup `timeout` unless given), sent again after
         growing pauses while it fails for a reason that passes (`retryable`); its errors named
         (`RedisStoreError`, `TimeoutError`)."""
-        from ._redis_clients import explain, retryable
+        from ._redis_clients import brief, explain, retryable
 
         limit = seconds or self.timeout
         pause = RETRY_PAUSE_SECONDS
@@ -590,7 +590,9 @@ class RedisStore:
                 why = " (over TLS: a Redis that serves no TLS on this port never answers)"
             else:
                 why = ""
-            raise TimeoutError(f"{self.where} did not answer within {limit:g} s{why}") from failure
+            raise TimeoutError(
+                f"{brief(self.where)} did not answer within {limit:g} s{why}"
+            ) from failure
         except self._errors as error:
             raise RedisStoreError(explain(error, self.kind, self.where)) from error
 

@@ -107,7 +107,7 @@ async def test_a_cluster_node_named_as_one_redis_is_said_to_be_one(
     node = cluster.nodes[0]
     store = RedisStore(node.url, timeout=2.0)
     try:
-        with pytest.raises(RedisStoreError, match="is a node of a Redis Cluster") as checked:
+        with pytest.raises(RedisStoreError, match="is a Redis Cluster node") as checked:
             await store.check()
         assert f"redis+cluster://127.0.0.1:{node.port}" in str(checked.value)
         failed: list[str] = []

@@ -87,7 +87,7 @@ async def test_tls_against_a_redis_without_tls_is_named(server: RedisServer) -> 
 async def test_one_redis_named_as_a_cluster_is_named(server: RedisServer) -> None:
     url = f"redis+cluster://127.0.0.1:{server.port}"
     problem = await problem_of(url)
-    assert "is not a Redis Cluster" in str(problem)
+    assert "is not a Redis Cluster (cluster mode is off)" in str(problem)
 
 
 async def test_a_redis_that_keeps_nothing_on_disk_is_warned_about(server: RedisServer) -> None:
