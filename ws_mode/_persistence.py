@@ -167,6 +167,7 @@ async def keep(
     failure, a refusal or a cancellation is logged and counted (`store_failures`,
     `store_refused`), never raised, except the cancellation itself."""
     written = landed = 0  # records of `records` written; records written in all
+    waited: set[str | None] = set()  # parents whose write under way was waited for
     mark_pending = getattr(store, "mark_pending", None)
     try:
         async with asyncio.timeout(seconds):
@@ -177,6 +178,12 @@ async def keep(
                 try:
                     dropped = await store.put(owner, records[written])
                 except ParentNotStored:
+                    # The parent's own write may still be on its way (another task): wait
+                    # for it and try again, once, before taking the conversation for lost.
+                    parent = records[written].parent_id
+                    if parent not in waited and await _parents_write(owner, parent):
+                        waited.add(parent)
+                        continue
                     if whole is None:
                         raise
                     logger.warning(
@@ -212,6 +219,21 @@ async def keep(
     finally:
         stats.store_writes += landed
     return written == len(records)
+
+
+async def _parents_write(owner: str, parent_id: str | None) -> bool:
+    """Wait for the writes of `parent_id` under way on this event loop (other than the
+    running one); whether there were any."""
+    loop = asyncio.get_running_loop()
+    running = asyncio.current_task()
+    under_way = [
+        task
+        for task, (whose, ids) in list(_writes.items())
+        if whose == owner and parent_id in ids and task is not running and task.get_loop() is loop
+    ]
+    if under_way:
+        await asyncio.wait(under_way)
+    return bool(under_way)
 
 
 def start_write(

@@ -6,6 +6,7 @@ without their ancestors)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from tests.redis_server import RedisServer
 from tests.servers import serve
 from tests.store_kit import ClosingStore, answers, key, wait_for, who
 from ws_mode import Limits, MemoryStore, Stats, WebSocketModeMiddleware
-from ws_mode._persistence import keep
+from ws_mode._persistence import keep, start_write
 from ws_mode._store import ParentNotStored, StoredResponse
 from ws_mode.redis_store import RedisStore
 from ws_mode.testing._client import connect
@@ -87,6 +88,34 @@ async def test_a_write_whose_conversation_was_lost_writes_it_whole(
     # Without the conversation at hand, the write fails and is counted.
     assert not await keep(store, stats, "bob", c, seconds=5.0)
     assert stats.store_failures == 1
+
+
+async def test_a_write_that_overtakes_its_parents_waits_for_it_and_rewrites_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class SlowRoots(MemoryStore):
+        """A store whose first responses land only once `opened` is set."""
+
+        opened = asyncio.Event()
+
+        async def put(self, principal: str, record: StoredResponse) -> int:
+            if record.parent_id is None:
+                await self.opened.wait()
+            return await super().put(principal, record)
+
+    store, stats = SlowRoots(), Stats()
+    a = record("a")
+    b = record("b", a)
+    with caplog.at_level(logging.WARNING, logger="ws_mode"):
+        first = start_write(store, stats, "alice", a, seconds=5.0)
+        second = start_write(store, stats, "alice", b, seconds=5.0, whole=lambda: [a, b])
+        await asyncio.sleep(0.05)  # b's put found no conversation: it waits for a's write
+        SlowRoots.opened.set()
+        assert await first
+        assert await second
+    assert await store.get_ancestors("alice", "b") == [a, b]
+    assert stats.store_writes == 2  # nothing written twice
+    assert "no longer holds" not in caplog.text
 
 
 def _turn(socket: Any, **fields: Any) -> dict[str, Any]:
