@@ -162,8 +162,9 @@ async def keep(
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
     within `seconds` (`Limits.store_write_seconds`; the marker that announces the write to
     other workers expires with it); whether all landed. When the store no longer holds the
-    conversation they continue (`ParentNotStored`: a restart without persistence, an
-    eviction), `whole()` gives it from its first response, and it is written instead. A
+    response they continue (`ParentNotStored`: a restart without persistence, an eviction)
+    and no write of it is under way here, `whole()` gives the conversation from its first
+    response, and it is written instead. A
     failure, a refusal or a cancellation is logged and counted (`store_failures`,
     `store_refused`), never raised, except the cancellation itself."""
     written = landed = 0  # records of `records` written; records written in all

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from cachetools import LRUCache
 
 __all__ = [
     "DEFAULT_TTL_SECONDS",
@@ -105,9 +106,9 @@ class ResponseStore(Protocol):
         principal keeps returns how many of that principal's conversations it dropped to make
         room (least recently written first), and raises `QuotaExceeded` when the record's own
         conversation does not fit the bound. A store that can tell raises `ParentNotStored`
-        (writing nothing) when the record continues a conversation it holds nothing of any
-        more (lost in a restart, evicted): the middleware then writes the conversation again
-        from its first response."""
+        (writing nothing) when the record continues a response it does not hold and that was
+        not deleted (lost in a restart, evicted): the middleware then writes the
+        conversation again from its first response."""
 
     async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
         """The records of the conversation `response_id` belongs to, by id (empty when it is
@@ -155,10 +156,10 @@ class QuotaExceeded(Exception):
 
 
 class ParentNotStored(Exception):
-    """A record was not kept: it continues a conversation the store holds nothing of any
-    more (a Redis restarted without persistence, a failover that lost the last writes, an
-    eviction), so it would be kept without the ancestors a hydration needs. The writer
-    writes the conversation again from its first response."""
+    """A record was not kept: it continues a response the store does not hold and that was
+    not deleted (a Redis restarted without persistence, a failover that lost the last
+    writes, an eviction), so it would be kept without the ancestors a hydration needs. The
+    writer writes the conversation again from its first response."""
 
 
 async def check_store(store: ResponseStore, seconds: float) -> tuple[str | None, list[str]]:
@@ -217,6 +218,9 @@ class MemoryStore:
         # Per principal: its bytes, and its chains least recently written first, with theirs.
         self._principal_bytes: dict[str, int] = {}
         self._principal_chains: dict[str, OrderedDict[str, int]] = {}
+        # (principal, id) of responses deleted on purpose, the most recent: continuing one
+        # is no sign of a loss (`put`).
+        self._deleted: LRUCache[tuple[str, str], bool] = LRUCache(max_records)
 
     @property
     def bytes(self) -> int:
@@ -236,13 +240,12 @@ class MemoryStore:
 
     async def put(self, principal: str, record: StoredResponse) -> int:
         """Keep `record`; how many of the principal's conversations were dropped for it.
-        `ParentNotStored` when it continues a conversation of which nothing is kept (every
-        record of it dropped for the bounds)."""
+        `ParentNotStored` when it continues a response that is not kept (dropped for the
+        bounds, or expired) and was not deleted."""
         key = (principal, record.id)
-        if record.parent_id is not None and (principal, record.chain_id) not in self._chains:
-            raise ParentNotStored(
-                f"{record.id} continues {record.parent_id}, of whose conversation nothing is kept"
-            )
+        parent = (principal, record.parent_id) if record.parent_id is not None else None
+        if parent is not None and self._live(parent) is None and parent not in self._deleted:
+            raise ParentNotStored(f"{record.id} continues {record.parent_id}, which is not kept")
         bound = self.max_principal_bytes
         if bound is not None:
             chains = self._principal_chains.get(principal, OrderedDict())
@@ -317,7 +320,10 @@ class MemoryStore:
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response."""
-        return self._forget((principal, response_id))
+        forgotten = self._forget((principal, response_id))
+        if forgotten:
+            self._deleted[(principal, response_id)] = True
+        return forgotten
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -27,11 +27,12 @@ pipelined round trip) before it writes them, so that a continuation on another w
 for a write on its way and a genuine miss does not. A hydration walks the `parent_id` links
 inside Redis and returns the ancestors only, never the other forks. Every key expires
 `ttl_seconds` after it was last written; a chain's hash is written by every `put` to it, so
-an active conversation stays whole. A `put` that continues a conversation Redis no longer
-holds at all (a restart without persistence, a failover that lost the last writes, an
-eviction) writes nothing and raises `ParentNotStored`, so the middleware writes the
-conversation again from its first response instead of leaving a response whose ancestors are
-gone.
+an active conversation stays whole. A `put` that continues a response Redis does not hold (a
+restart without persistence, a failover that lost the last writes, an eviction) writes
+nothing and raises `ParentNotStored`, so the middleware writes the conversation again from
+its first response instead of leaving a response whose ancestors are gone; a deleted
+response leaves a tombstone in its chain's hash (a field named by a NUL and its id), so
+continuing it is no sign of a loss and never brings it back.
 
 Every lookup is bounded by `timeout` seconds and every write by `write_timeout` (a deadline
 over the whole call, retries and the wait for a connection included): a stopped or stalled
@@ -107,18 +108,21 @@ return redis.call('HGET', ARGV[1] .. chain, ARGV[2])
 
 #: KEYS: the response's index key, its chain's hash, the principal's byte count, its chains
 #: by last write (a sorted set, scored in microseconds, strictly increasing), their bytes (a
-#: hash). ARGV: the chain
-#: id, the response id, the record, the time to live in milliseconds, the principal's bound
-#: in bytes (negative: none, and no account is kept), the principal's key prefix, whether
-#: the record continues another ("1" or "0").
+#: hash). ARGV: the chain id, the response id, the record, the time to live in milliseconds,
+#: the principal's bound in bytes (negative: none, and no account is kept), the principal's
+#: key prefix, the id of the response the record continues ("" for none).
 #: Returns how many of the principal's chains were dropped for the bound (least recently
 #: written first, never the record's own), -1 when the record's own chain would exceed
-#: it, or -2 when the record continues a chain Redis does not hold (nothing is written in
-#: either case). One script call: atomic, and cheaper for the client than a
-#: MULTI/EXEC of the same commands (about half the CPU). Chains whose hash expired stop
-#: counting at the principal's next write.
+#: it, or -2 when the response it continues is not in its chain's hash and was not deleted
+#: (a tombstone, `_DELETE`'s): lost (nothing is written in either case). One script call:
+#: atomic, and cheaper for the client than a MULTI/EXEC of the same commands (about half the
+#: CPU). Chains whose hash expired stop counting at the principal's next write.
 _PUT = """
-if ARGV[7] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
+local TOMBSTONE = '\\0'
+if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[7]) == 0
+  and redis.call('HEXISTS', KEYS[2], TOMBSTONE .. ARGV[7]) == 0 then
+  return -2
+end
 local ttl = tonumber(ARGV[4])
 local bound = tonumber(ARGV[5])
 if bound < 0 then
@@ -172,14 +176,20 @@ return dropped
 
 #: KEYS[1]: the response's index key, KEYS[2..4]: the principal's byte count, chains by
 #: last write and their bytes (as for _PUT); ARGV[1]: the chain hashes' key prefix; ARGV[2]:
-#: the response id. 1 when the response was stored, else 0.
+#: the response id; ARGV[3]: the time to live in milliseconds. 1 when the response was
+#: stored, else 0. Its record gives way to a tombstone (an empty field), so a later
+#: continuation of it is not taken for a loss and the deleted response is never written
+#: again; the tombstone goes with its chain's hash.
 _DELETE = """
+local TOMBSTONE = '\\0'
 local chain = redis.call('GET', KEYS[1])
 if not chain then return 0 end
 local hash = ARGV[1] .. chain
 local size = redis.call('HSTRLEN', hash, ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('HDEL', hash, ARGV[2])
+redis.call('HSET', hash, TOMBSTONE .. ARGV[2], '')
+if redis.call('PTTL', hash) < 0 then redis.call('PEXPIRE', hash, ARGV[3]) end
 if size > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('HINCRBY', KEYS[4], chain, -size) <= 0 then
     redis.call('HDEL', KEYS[4], chain)
@@ -202,6 +212,8 @@ def principal_digest(principal: str) -> str:
 #: `RETRY_PAUSE_MAX_SECONDS`, until the call's deadline.
 RETRY_PAUSE_SECONDS: Final = 0.05
 RETRY_PAUSE_MAX_SECONDS: Final = 0.5
+#: What a chain's hash names a deleted response's tombstone by: a NUL, then its id.
+TOMBSTONE: Final = b"\0"
 #: How long the key `check()` writes lives.
 CHECK_KEY_MS: Final = 10_000
 
@@ -368,8 +380,8 @@ class RedisStore:
         """Keep `record`: its index key and its chain's hash live `ttl_seconds` from now.
         Returns how many of the principal's conversations were dropped to keep it within its
         bound; raises `QuotaExceeded` (and writes nothing) when its own conversation would
-        not fit, and `ParentNotStored` (and writes nothing) when it continues a conversation
-        Redis does not hold any more."""
+        not fit, and `ParentNotStored` (and writes nothing) when it continues a response Redis
+        does not hold (and that was not deleted)."""
         chain_key = self.chain_key(principal, record.chain_id)
         keys = [self.index_key(principal, record.id), chain_key, *self.account_keys(principal)]
         bound = self.max_principal_bytes
@@ -380,14 +392,15 @@ class RedisStore:
             self._ttl_ms,
             -1 if bound is None else bound,
             self._scope(principal),
-            "0" if record.parent_id is None else "1",
+            record.parent_id or "",
         ]
         dropped = int(await self._call(lambda: self._put(keys=keys, args=args), self.write_timeout))
         if dropped == -2:
+            from ._redis_clients import brief
+
             raise ParentNotStored(
-                f"{record.id} continues {record.parent_id}, whose conversation {self.where} "
-                "does not hold (lost in a restart without persistence, a failover or an "
-                "eviction, or expired)"
+                f"{record.id} continues {record.parent_id}, which {brief(self.where)} does not "
+                "hold (lost in a restart without persistence, a failover or an eviction)"
             )
         if dropped < 0:
             raise QuotaExceeded(
@@ -405,7 +418,8 @@ class RedisStore:
         fields: list[bytes] = list(reply or ())
         chain: dict[str, StoredResponse] = {}
         for name, value in zip(fields[::2], fields[1::2], strict=True):
-            chain[name.decode()] = StoredResponse.decode(value)
+            if not name.startswith(TOMBSTONE):  # a deleted response's
+                chain[name.decode()] = StoredResponse.decode(value)
         # The index outlived its record (written by hand, or a partial failure): not stored.
         return chain if response_id in chain else {}
 
@@ -453,7 +467,7 @@ class RedisStore:
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response (the rest of its chain stays); whether it was stored."""
         keys = [self.index_key(principal, response_id), *self.account_keys(principal)]
-        args = [self.chain_key(principal, ""), response_id]
+        args: list[str | int] = [self.chain_key(principal, ""), response_id, self._ttl_ms]
         removed = await self._call(lambda: self._delete(keys=keys, args=args))
         return bool(removed)
 

@@ -62,6 +62,30 @@ async def test_a_continuation_of_a_conversation_lost_in_a_restart_is_refused(
         await store.aclose()
 
 
+async def test_a_continuation_of_a_response_lost_alone_is_refused_of_one_deleted_kept(
+    server: RedisServer,
+) -> None:
+    store = RedisStore(server.url)
+    try:
+        a = record("a")
+        b = record("b", a)
+        await store.put("alice", a)
+        await store.put("alice", b)
+        # The last write lost, its conversation's hash kept (a failover that promoted a
+        # replica a write behind, an RDB snapshot taken before it).
+        with server.client() as client:
+            client.hdel(store.chain_key("alice", "a"), "b")
+        with pytest.raises(ParentNotStored):
+            await store.put("alice", record("c", b))
+        # A response deleted on purpose is continued without a word, and stays deleted.
+        await store.put("alice", b)
+        assert await store.delete("alice", "b") is True
+        await store.put("alice", record("c", b))
+        assert await store.get("alice", "b") is None
+    finally:
+        await store.aclose()
+
+
 async def test_the_memory_store_refuses_a_continuation_of_a_conversation_it_dropped() -> None:
     store = MemoryStore(max_records=1)
     a = record("a")
@@ -69,6 +93,10 @@ async def test_the_memory_store_refuses_a_continuation_of_a_conversation_it_drop
     await store.put("alice", record("other"))  # a is dropped for the bound
     with pytest.raises(ParentNotStored):
         await store.put("alice", record("b", a))
+    kept = record("kept")
+    await store.put("alice", kept)
+    await store.delete("alice", "kept")  # deleted on purpose: continuing it is no loss
+    await store.put("alice", record("after", kept))
 
 
 async def test_a_write_whose_conversation_was_lost_writes_it_whole(
