@@ -36,7 +36,7 @@ from ._protocol import (
 )
 from ._settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
 from ._stateful_http import StatefulHTTP
-from ._store import ResponseStore
+from ._store import ResponseStore, check_store
 from ._tokens import Renderer
 from ._tracing import tracing_for
 from ._turn import turn
@@ -91,6 +91,9 @@ class WebSocketModeMiddleware:
     SDK (and nothing is done without `opentelemetry-api`); `NoOpTracerProvider()` turns
     tracing off. `access_log` writes a line per turn and per closed connection at INFO on the
     `ws_mode.access` logger, as uvicorn's access log (`ws_mode._access_log`); False turns it off.
+    At the ASGI lifespan startup the store is asked whether it works (its `check()`): when it
+    does not, the startup fails with what is wrong, unless `start_degraded=True`, which starts
+    anyway with a loud warning (turns that need the store fail until it answers).
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
     HTTP.
     """
@@ -117,6 +120,7 @@ class WebSocketModeMiddleware:
         steering: bool = True,
         tracer_provider: TracerProvider | None = None,
         access_log: bool = True,
+        start_degraded: bool = False,
         enabled: bool = True,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
@@ -145,6 +149,8 @@ class WebSocketModeMiddleware:
         if not isinstance(access_log, bool):
             raise ConfigError(f"access_log must be True or False, got {access_log!r}.")
         tracing = tracing_for(tracer_provider)
+        if not isinstance(start_degraded, bool):
+            raise ConfigError(f"start_degraded must be True or False, got {start_degraded!r}.")
         if stateful_http and store is None:
             raise ConfigError("stateful_http=True needs a store (store=...) to keep responses.")
         check_principals(authenticate, reauthenticate_seconds, store, principal_key, shared_store)
@@ -181,6 +187,7 @@ class WebSocketModeMiddleware:
             observer=Observer(tracing=tracing, access_log=access_log),
         )
         self.authenticate = authenticate
+        self.start_degraded = start_degraded
         self._origins = OriginPolicy(allowed_origins)
         self._stateful = (
             StatefulHTTP(self.settings, store) if stateful_http and store is not None else None
@@ -214,7 +221,7 @@ class WebSocketModeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, self._lifespan_receive(receive), send)
+            await self._lifespan(scope, receive, send)
             return
         if scope["type"] != "websocket" or not self._is_socket_path(scope):
             if scope["type"] != "http":
@@ -347,6 +354,35 @@ class WebSocketModeMiddleware:
             self._entry_said = True
             stack.say_where_turns_enter(scope, self.settings)
 
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's lifespan, after the store answered the startup's check: a store that
+        does not work fails the startup (the app never starts), or, with `start_degraded`,
+        is a loud warning."""
+        first = await receive()
+        if first["type"] == "lifespan.startup" and self.settings.store is not None:
+            problem = await _check_store(self.settings.store, self.settings.limits)
+            if problem is not None and not self.start_degraded:
+                # The server logs the message (uvicorn, hypercorn) and exits.
+                message = (
+                    f"{problem}. Fix the store, or start anyway with start_degraded=True "
+                    "(ws-mode: --start-degraded)"
+                )
+                await send({"type": "lifespan.startup.failed", "message": message})
+                return
+            if problem is not None:
+                logger.warning(
+                    "STARTING DEGRADED (start_degraded=True): %s. Until it works, turns that "
+                    "continue a response missing from their connection's cache fail "
+                    "(store_unavailable), and no response is kept",
+                    problem,
+                )
+        replayed = [first]
+
+        async def receive_again() -> Message:
+            return replayed.pop() if replayed else await receive()
+
+        await self.app(scope, self._lifespan_receive(receive_again), send)
+
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """Drain the sockets when the server announces its shutdown, before the app hears;
         serve again after a new startup."""
@@ -410,6 +446,17 @@ def _warn_if_the_server_sends_no_pings(limits: Limits) -> None:
         "WebSocket mode connection until %s",
         f"Limits.max_idle_seconds ({idle:g} s) closes it" if idle is not None else "it ends",
     )
+
+
+async def _check_store(store: ResponseStore, limits: Limits) -> str | None:
+    """What is wrong with the store, asked at startup within `Limits.store_read_seconds`
+    (its warnings logged), or None."""
+    problem, warnings = await check_store(store, limits.store_read_seconds)
+    for warning in warnings:
+        logger.warning("WebSocket mode's store: %s", warning)
+    if problem is None:
+        return None
+    return f"WebSocket mode's store does not work: {problem.rstrip('.')}"
 
 
 def _bound_store(store: ResponseStore, limits: Limits) -> None:

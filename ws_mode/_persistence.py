@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -27,7 +28,7 @@ from ._items import Items
 from ._limits import Limits
 from ._logs import for_log
 from ._stats import Stats
-from ._store import QuotaExceeded, ResponseStore, StoredResponse, chain_of
+from ._store import ParentNotStored, QuotaExceeded, ResponseStore, StoredResponse, chain_of
 
 logger = logging.getLogger(__name__)
 
@@ -107,14 +108,14 @@ async def load_chain(
     except Exception as exc:
         stats.store_failures += 1
         logger.warning(
-            "the store failed to hydrate %s: %s (%s)",
+            "the store failed to hydrate %s: %s",
             for_log(response_id),
-            failure(
+            failure_at(
+                store,
                 exc,
                 timer,
                 f"{read_seconds + wait:g} s (Limits.store_read_seconds + store_wait_seconds)",
             ),
-            store_address(store),
         )
         raise StoreUnavailable("the response store is unavailable") from exc
     return records or None
@@ -133,6 +134,15 @@ def failure(exc: BaseException, timer: asyncio.Timeout | None, bound: str) -> st
     if not str(exc) and cause is not None:
         return f"{said} (caused by {for_log(cause)})"
     return said
+
+
+def failure_at(
+    store: ResponseStore, exc: BaseException, timer: asyncio.Timeout | None, bound: str
+) -> str:
+    """`failure`, followed by where the store is (`store_address`) unless the error already
+    names it (a `RedisStore` error does)."""
+    said, address = failure(exc, timer, bound), store_address(store)
+    return said if address in said else f"{said} ({address})"
 
 
 def store_address(store: ResponseStore) -> str:
@@ -192,14 +202,23 @@ async def read_one(store: ResponseStore, owner: str, response_id: str) -> Stored
 
 
 async def write_records(
-    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+    store: ResponseStore,
+    stats: Stats,
+    owner: str,
+    *records: StoredResponse,
+    seconds: float,
+    whole: Callable[[], Sequence[StoredResponse]] | None = None,
 ) -> bool:
     """Write `records` in order (ancestors first, so a chain is whole once the last lands),
     within `seconds` (`Limits.store_write_seconds`; the marker that announces the write to
-    other workers expires with it); whether all landed. A failure, a refusal or a cancellation is
-    logged and counted (`store_failures`, `store_refused`), never raised, except the
-    cancellation itself."""
-    written = 0
+    other workers expires with it); whether all landed. When the store no longer holds the
+    response they continue (`ParentNotStored`: a restart without persistence, an eviction)
+    and no write of it is under way here, `whole()` gives the conversation from its first
+    response, and it is written instead. A
+    failure, a refusal or a cancellation is logged and counted (`store_failures`,
+    `store_refused`), never raised, except the cancellation itself."""
+    written = landed = 0  # records of `records` written; records written in all
+    waited: set[str | None] = set()  # parents whose write under way was waited for
     mark_pending = getattr(store, "mark_pending", None)
     timer: asyncio.Timeout | None = None
     try:
@@ -207,16 +226,35 @@ async def write_records(
             if mark_pending is not None:
                 # A continuation on another worker that misses waits for these, and only these.
                 await mark_pending(owner, [record.id for record in records], seconds)
-            for record in records:
-                dropped = await store.put(owner, record)
+            while written < len(records):
+                try:
+                    dropped = await store.put(owner, records[written])
+                except ParentNotStored:
+                    # The parent's own write may still be on its way (another task): wait
+                    # for it and try again, once, before taking the conversation for lost.
+                    parent = records[written].parent_id
+                    if parent not in waited and await _parents_write(owner, parent):
+                        waited.add(parent)
+                        continue
+                    if whole is None:
+                        raise
+                    logger.warning(
+                        "the store no longer holds the conversation of %s (a restart without "
+                        "persistence, a failover or an eviction): writing it again from its "
+                        "first response",
+                        for_log(records[written].id),
+                    )
+                    records, written, whole = tuple(whole()), 0, None
+                    continue
                 written += 1
+                landed += 1
                 if dropped:
                     stats.store_dropped += dropped
                     logger.warning(
                         "the store dropped %d older conversation(s) of one principal to keep "
                         "%s within Limits.max_stored_bytes_per_principal",
                         dropped,
-                        for_log(record.id),
+                        for_log(records[written - 1].id),
                     )
     except QuotaExceeded as exc:
         stats.store_refused += 1
@@ -230,22 +268,43 @@ async def write_records(
     except Exception as exc:
         stats.store_failures += 1
         logger.warning(
-            "the store failed to keep %s: %s (%s)",
+            "the store failed to keep %s: %s",
             for_log(records[-1].id),
-            failure(exc, timer, f"{seconds:g} s (Limits.store_write_seconds)"),
-            store_address(store),
+            failure_at(store, exc, timer, f"{seconds:g} s (Limits.store_write_seconds)"),
         )
     finally:
-        stats.store_writes += written
+        stats.store_writes += landed
     return written == len(records)
 
 
+async def _parents_write(owner: str, parent_id: str | None) -> bool:
+    """Wait for the writes of `parent_id` under way on this event loop (other than the
+    running one); whether there were any."""
+    loop = asyncio.get_running_loop()
+    running = asyncio.current_task()
+    under_way = [
+        task
+        for task, (whose, ids) in list(_writes.items())
+        if whose == owner and parent_id in ids and task is not running and task.get_loop() is loop
+    ]
+    if under_way:
+        await asyncio.wait(under_way)
+    return bool(under_way)
+
+
 def start_write(
-    store: ResponseStore, stats: Stats, owner: str, *records: StoredResponse, seconds: float
+    store: ResponseStore,
+    stats: Stats,
+    owner: str,
+    *records: StoredResponse,
+    seconds: float,
+    whole: Callable[[], Sequence[StoredResponse]] | None = None,
 ) -> asyncio.Task[bool]:
-    """Start writing `records` (`write_records`, within `seconds`) as work of the process: no
-    connection or request cancels it; `flush_writes` waits for it."""
-    task = asyncio.create_task(write_records(store, stats, owner, *records, seconds=seconds))
+    """Start writing `records` (`write_records`, within `seconds`, with `whole`) as work of the
+    process: no connection or request cancels it; `flush_writes` waits for it."""
+    task = asyncio.create_task(
+        write_records(store, stats, owner, *records, seconds=seconds, whole=whole)
+    )
     _writes[task] = (owner, frozenset(record.id for record in records))
     task.add_done_callback(_writes_done)
     return task
@@ -343,8 +402,23 @@ class StoreLink:
         for each in nodes:
             self._stored[each.id] = True
         records = [_record(each) for each in reversed(nodes)]
+
+        def whole() -> list[StoredResponse]:
+            """The conversation from its first response: for a store that lost it."""
+            chain: list[CachedResponse] = []
+            current: CachedResponse | None = node
+            while current is not None:
+                chain.append(current)
+                current = current.parent
+            return [_record(each) for each in reversed(chain)]
+
         task = start_write(
-            self.store, self.stats, self.scope, *records, seconds=self.limits.store_write_seconds
+            self.store,
+            self.stats,
+            self.scope,
+            *records,
+            seconds=self.limits.store_write_seconds,
+            whole=whole,
         )
         ids = [each.id for each in nodes]
 

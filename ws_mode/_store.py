@@ -11,12 +11,14 @@ response object's): nothing of a conversation that used `store: false` is ever p
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from cachetools import LRUCache
 
 #: How long a stored response lives: 30 days, as OpenAI keeps stored responses.
 DEFAULT_TTL_SECONDS = 30 * 24 * 3600.0
@@ -80,18 +82,22 @@ class ResponseStore(Protocol):
     a timeout and raise on failure; the middleware turns failures into error events.
 
     `put`, `get_chain` and `delete` are required. The middleware uses `get_ancestors`, `get`,
-    `limit_principal_bytes`, `mark_pending` and `is_pending` when a store has them (both
-    stores here do; `MemoryStore`'s markers are no-ops, which a store in one process can
-    be), and otherwise falls back on `get_chain`, which reads the whole conversation, every
-    fork included; says at startup that the store keeps no bound per principal; and has a
-    miss wait the whole `Limits.store_wait_seconds`, since it cannot tell a write on its way.
+    `limit_principal_bytes`, `mark_pending`, `is_pending` and `check` when a store has them
+    (both stores here do; `MemoryStore`'s markers are no-ops, which a store in one process
+    can be), and otherwise falls back on `get_chain`, which reads the whole conversation,
+    every fork included; says at startup that the store keeps no bound per principal; has a
+    miss wait the whole `Limits.store_wait_seconds`, since it cannot tell a write on its
+    way; and starts without asking the store whether it works.
     """
 
     async def put(self, principal: str, record: StoredResponse) -> int | None:
         """Keep `record` (its time to live starts again). A store that bounds what one
         principal keeps returns how many of that principal's conversations it dropped to make
         room (least recently written first), and raises `QuotaExceeded` when the record's own
-        conversation does not fit the bound."""
+        conversation does not fit the bound. A store that can tell raises `ParentNotStored`
+        (writing nothing) when the record continues a response it does not hold and that was
+        not deleted (lost in a restart, evicted): the middleware then writes the
+        conversation again from its first response."""
 
     async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
         """The records of the conversation `response_id` belongs to, by id (empty when it is
@@ -124,6 +130,11 @@ class ResponseStore(Protocol):
         """Whether `response_id` is being written (`mark_pending`), so a miss waits for it."""
         ...
 
+    async def check(self) -> list[str]:
+        """Whether the store can work (the middleware asks at startup): raise naming the
+        problem; return warnings about how it is run."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -131,6 +142,29 @@ class ResponseStore(Protocol):
 class QuotaExceeded(Exception):
     """A record was not kept: its conversation alone is larger than the principal's bound
     (`Limits.max_stored_bytes_per_principal`)."""
+
+
+class ParentNotStored(Exception):
+    """A record was not kept: it continues a response the store does not hold and that was
+    not deleted (a Redis restarted without persistence, a failover that lost the last
+    writes, an eviction), so it would be kept without the ancestors a hydration needs. The
+    writer writes the conversation again from its first response."""
+
+
+async def check_store(store: ResponseStore, seconds: float) -> tuple[str | None, list[str]]:
+    """Ask `store` whether it can work (its `check()`, when it has one, within `seconds`):
+    what is wrong (its error, as a log line says it) or None, and its warnings."""
+    check = getattr(store, "check", None)
+    if not callable(check):
+        return None, []
+    try:
+        async with asyncio.timeout(seconds):
+            warnings: list[str] = list(await check())
+    except TimeoutError as exc:
+        return str(exc) or f"{store!r} did not answer within {seconds:g} s", []
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, []
+    return None, warnings
 
 
 def chain_of(records: dict[str, StoredResponse], response_id: str) -> list[StoredResponse] | None:
@@ -173,6 +207,9 @@ class MemoryStore:
         # Per principal: its bytes, and its chains least recently written first, with theirs.
         self._principal_bytes: dict[str, int] = {}
         self._principal_chains: dict[str, OrderedDict[str, int]] = {}
+        # (principal, id) of responses deleted on purpose, the most recent: continuing one
+        # is no sign of a loss (`put`).
+        self._deleted: LRUCache[tuple[str, str], bool] = LRUCache(max_records)
 
     @property
     def bytes(self) -> int:
@@ -191,8 +228,13 @@ class MemoryStore:
         self.max_principal_bytes = max_bytes
 
     async def put(self, principal: str, record: StoredResponse) -> int:
-        """Keep `record`; how many of the principal's conversations were dropped for it."""
+        """Keep `record`; how many of the principal's conversations were dropped for it.
+        `ParentNotStored` when it continues a response that is not kept (dropped for the
+        bounds, or expired) and was not deleted."""
         key = (principal, record.id)
+        parent = (principal, record.parent_id) if record.parent_id is not None else None
+        if parent is not None and self._live(parent) is None and parent not in self._deleted:
+            raise ParentNotStored(f"{record.id} continues {record.parent_id}, which is not kept")
         bound = self.max_principal_bytes
         if bound is not None:
             chains = self._principal_chains.get(principal, OrderedDict())
@@ -253,6 +295,10 @@ class MemoryStore:
         """One record, or None."""
         return self._live((principal, response_id))
 
+    async def check(self) -> list[str]:
+        """Nothing to ask: a store in this process always works."""
+        return []
+
     async def mark_pending(self, principal: str, response_ids: list[str], seconds: float) -> None:
         """Nothing to mark: see `is_pending`."""
 
@@ -263,7 +309,10 @@ class MemoryStore:
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response."""
-        return self._forget((principal, response_id))
+        forgotten = self._forget((principal, response_id))
+        if forgotten:
+            self._deleted[(principal, response_id)] = True
+        return forgotten
 
     async def aclose(self) -> None:
         """Nothing to release."""

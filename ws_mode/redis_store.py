@@ -1,7 +1,9 @@
 """A response store in Redis: stored responses shared by every worker and host.
 
 `RedisStore` implements `ws_mode._store.ResponseStore` with `redis.asyncio` (install the
-`redis` extra: `pip install ".[redis]"` in a clone of ws_mode). Keys are scoped by a digest of
+`redis` extra: `pip install ".[redis]"` in a clone of ws_mode), on one Redis (`redis://`), a
+Redis Cluster (`redis+cluster://`) or the master Sentinels follow across failovers
+(`redis+sentinel://`); the URLs are in `ws_mode._redis_clients`. Keys are scoped by a digest of
 the principal, never the principal itself::
 
     {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
@@ -17,37 +19,54 @@ from `Limits.max_stored_bytes_per_principal`), the principal's account::
 
 The digest is a Redis Cluster hash tag, so one principal's keys share a slot: the scripts
 find a chain's hash from an index key, so they cannot declare it in KEYS, but on a cluster
-it is always on the node that runs them. Each call is one round trip, a Lua script
-(EVALSHA): a write updates the account in the same script, atomically. The middleware marks
-a write's responses as being written (`mark_pending`, one pipelined round trip) before it
-writes them, so that a continuation on another worker waits for a write on its way and a
-genuine miss does not. A hydration walks
-the `parent_id` links inside Redis and returns the ancestors only, never the other forks.
-Every key expires `ttl_seconds` after it was last written; a chain's hash is written by
-every `put` to it, so an active conversation stays whole.
+it is always on the node that runs them (a `{` in the prefix moves the tag, yet every key of
+a principal still shares the text up to the digest's `}`, so the slot stays one). Each call is
+one round trip, a Lua script (EVALSHA): a write updates the account in the same script,
+atomically. The middleware marks a write's responses as being written (`mark_pending`, one
+pipelined round trip) before it writes them, so that a continuation on another worker waits
+for a write on its way and a genuine miss does not. A hydration walks the `parent_id` links
+inside Redis and returns the ancestors only, never the other forks. Every key expires
+`ttl_seconds` after it was last written; a chain's hash is written by every `put` to it, so
+an active conversation stays whole. A `put` that continues a response Redis does not hold (a
+restart without persistence, a failover that lost the last writes, an eviction) writes
+nothing and raises `ParentNotStored`, so the middleware writes the conversation again from
+its first response instead of leaving a response whose ancestors are gone; a deleted
+response leaves a tombstone in its chain's hash (a field named by a NUL and its id), so
+continuing it is no sign of a loss and never brings it back.
 
 Every lookup is bounded by `timeout` seconds and every write by `write_timeout` (a deadline
-over the whole call, retries included): a stopped or stalled Redis raises a `redis` exception
-or `TimeoutError` instead of hanging, which the middleware turns into an error event. Writes
-get longer: they are off every client's path, and a busy worker reads replies late (with a
-one-second bound, half the writes of 200 busy sockets failed).
+over the whole call, retries and the wait for a connection included): a stopped or stalled
+Redis raises `RedisStoreError` or `TimeoutError` instead of hanging, which the middleware
+turns into an error event. Writes get longer: they are off every client's path, and a busy
+worker reads replies late (with a one-second bound, half the writes of 200 busy sockets
+failed). On a cluster or a Sentinel's master a call that meets a failover (a node down,
+CLUSTERDOWN, a former master now read-only, no master named yet) is sent again after growing
+pauses until its deadline; on one Redis a call fails at once, since a Redis that is down
+stays down. At most `max_connections` calls are in flight at once (the pool's size, per node
+on a cluster): the others wait for a connection within their deadline, never fail for the
+lack of one. `check()` asks Redis, at startup, whether the store can work at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from ._install import install_hint
-from ._store import DEFAULT_TTL_SECONDS, QuotaExceeded, StoredResponse
+from ._store import DEFAULT_TTL_SECONDS, ParentNotStored, QuotaExceeded, StoredResponse
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from redis.asyncio import Redis, RedisCluster
     from redis.commands.core import AsyncScript
 
-__all__ = ["RedisStore"]
+    from ._redis_clients import Kind
+
+__all__ = ["RedisStore", "RedisStoreError"]
 
 T = TypeVar("T")
 
@@ -90,15 +109,21 @@ return redis.call('HGET', ARGV[1] .. chain, ARGV[2])
 
 #: KEYS: the response's index key, its chain's hash, the principal's byte count, its chains
 #: by last write (a sorted set, scored in microseconds, strictly increasing), their bytes (a
-#: hash). ARGV: the chain
-#: id, the response id, the record, the time to live in milliseconds, the principal's bound
-#: in bytes (negative: none, and no account is kept), the principal's key prefix.
+#: hash). ARGV: the chain id, the response id, the record, the time to live in milliseconds,
+#: the principal's bound in bytes (negative: none, and no account is kept), the principal's
+#: key prefix, the id of the response the record continues ("" for none).
 #: Returns how many of the principal's chains were dropped for the bound (least recently
-#: written first, never the record's own), or -1 when the record's own chain would exceed
-#: it (nothing is written). One script call: atomic, and cheaper for the client than a
-#: MULTI/EXEC of the same commands (about half the CPU). Chains whose hash expired stop
-#: counting at the principal's next write.
+#: written first, never the record's own), -1 when the record's own chain would exceed
+#: it, or -2 when the response it continues is not in its chain's hash and was not deleted
+#: (a tombstone, `_DELETE`'s): lost (nothing is written in either case). One script call:
+#: atomic, and cheaper for the client than a MULTI/EXEC of the same commands (about half the
+#: CPU). Chains whose hash expired stop counting at the principal's next write.
 _PUT = """
+local TOMBSTONE = '\\0'
+if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[7]) == 0
+  and redis.call('HEXISTS', KEYS[2], TOMBSTONE .. ARGV[7]) == 0 then
+  return -2
+end
 local ttl = tonumber(ARGV[4])
 local bound = tonumber(ARGV[5])
 if bound < 0 then
@@ -152,14 +177,20 @@ return dropped
 
 #: KEYS[1]: the response's index key, KEYS[2..4]: the principal's byte count, chains by
 #: last write and their bytes (as for _PUT); ARGV[1]: the chain hashes' key prefix; ARGV[2]:
-#: the response id. 1 when the response was stored, else 0.
+#: the response id; ARGV[3]: the time to live in milliseconds. 1 when the response was
+#: stored, else 0. Its record gives way to a tombstone (an empty field), so a later
+#: continuation of it is not taken for a loss and the deleted response is never written
+#: again; the tombstone goes with its chain's hash.
 _DELETE = """
+local TOMBSTONE = '\\0'
 local chain = redis.call('GET', KEYS[1])
 if not chain then return 0 end
 local hash = ARGV[1] .. chain
 local size = redis.call('HSTRLEN', hash, ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('HDEL', hash, ARGV[2])
+redis.call('HSET', hash, TOMBSTONE .. ARGV[2], '')
+if redis.call('PTTL', hash) < 0 then redis.call('PEXPIRE', hash, ARGV[3]) end
 if size > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('HINCRBY', KEYS[4], chain, -size) <= 0 then
     redis.call('HDEL', KEYS[4], chain)
@@ -178,15 +209,35 @@ def principal_digest(principal: str) -> str:
     return hashlib.sha256(principal.encode()).hexdigest()[:32]
 
 
+#: The first pause before a call that met a failover is sent again; each pause doubles, up to
+#: `RETRY_PAUSE_MAX_SECONDS`, until the call's deadline.
+RETRY_PAUSE_SECONDS: Final = 0.05
+RETRY_PAUSE_MAX_SECONDS: Final = 0.5
+#: What a chain's hash names a deleted response's tombstone by: a NUL, then its id.
+TOMBSTONE: Final = b"\0"
+#: How long the key `check()` writes lives.
+CHECK_KEY_MS: Final = 10_000
+
+
+class RedisStoreError(Exception):
+    """A call to Redis failed. The message says what failed and where (a URL without
+    credentials), and what to do when there is something to do (`redis://` naming a cluster
+    node: use `redis+cluster://`); redis-py's own exception is its `__cause__`."""
+
+
 class RedisStore:
     """Stored responses in Redis, scoped by principal, with a time to live.
 
-    `url` is a redis-py URL (`redis://`, `rediss://`, `unix://`; a password or a database
-    number goes in it). Connections come from a pool of at most `max_connections`; a call
-    that finds them all busy waits for one. A connection found broken (Redis restarted) is
-    replaced and the command sent once more, at once; nothing is retried beyond that, and
-    every lookup, waiting and retries included, ends within `timeout` seconds, every write
-    within `write_timeout`.
+    `url` names one Redis (`redis://`, `rediss://`, `unix://`: redis-py's URLs; a password
+    or a database number goes in it), a Redis Cluster (`redis+cluster://host:port,...`) or the
+    master that Sentinels follow (`redis+sentinel://host:26379,.../service`), with TLS as
+    `rediss+cluster://` and `rediss+sentinel://`. Connections come from a pool of at most
+    `max_connections` (to each node of a cluster); a call that finds them all busy waits for
+    one. A connection found broken (Redis restarted) is replaced and the command sent once
+    more, at once; on a cluster or a Sentinel's master a call that meets a failover is sent
+    again after growing pauses; every lookup, waiting and retries included, ends within
+    `timeout` seconds, every write within `write_timeout`, with `RedisStoreError` (what went
+    wrong, and where) or `TimeoutError`.
     """
 
     def __init__(
@@ -200,28 +251,26 @@ class RedisStore:
         max_connections: int = 64,
     ) -> None:
         try:
-            from redis.asyncio import BlockingConnectionPool, Redis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
-            from redis.exceptions import ConnectionError
+            from ._redis_clients import open_client
         except ImportError as error:  # pragma: no cover - the extra is not installed
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
-        pool = BlockingConnectionPool.from_url(
+        _check_bounds(ttl_seconds, timeout, write_timeout)
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        endpoint = open_client(
             url,
             max_connections=max_connections,
             # Each call has its own deadline (`timeout` or `write_timeout`) over all of it.
             timeout=max(timeout, write_timeout),
-            socket_timeout=max(timeout, write_timeout),
-            socket_connect_timeout=timeout,
-            # Once, at once, and only when the connection broke: a timed out command may
-            # still run, and a down Redis should fail now rather than after backoffs.
-            retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
-            retry_on_error=[ConnectionError],  # redis-py 5 retries only the errors listed here
+            connect_timeout=timeout,
         )
         self._setup(
-            Redis.from_pool(pool),
-            owned=True,
+            endpoint.client,
+            kind=endpoint.kind,
+            where=endpoint.where,
+            closers=endpoint.closers,
+            bound=max_connections,
             prefix=prefix,
             ttl_seconds=ttl_seconds,
             timeout=timeout,
@@ -231,22 +280,33 @@ class RedisStore:
     @classmethod
     def from_client(
         cls,
-        client: Redis,
+        client: Redis | RedisCluster,
         *,
         prefix: str = "ws_mode",
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         timeout: float = 2.0,
         write_timeout: float = 10.0,
     ) -> RedisStore:
-        """A store on a client the caller configured (TLS, Sentinel, a shared pool...).
+        """A store on a client the caller configured: a `redis.asyncio.Redis` (TLS, a shared
+        pool...), a `redis.asyncio.RedisCluster`, or the master client of a Sentinel
+        (`Sentinel(...).master_for(service)`).
 
         The client must not decode responses. The caller keeps owning it: `aclose` leaves it
-        open. Its socket timeouts are its own; each call is still bounded by `timeout`.
+        open. Its socket timeouts are its own; each call is still bounded by `timeout`. The
+        store keeps its calls in flight within the client's own `max_connections` (per node
+        of a cluster), so they wait for a connection rather than fail for the lack of one.
         """
+        from ._redis_clients import client_bound, describe_client
+
+        _check_bounds(ttl_seconds, timeout, write_timeout)
+        kind, where = describe_client(client)
         store = cls.__new__(cls)
         store._setup(
             client,
-            owned=False,
+            kind=kind,
+            where=where,
+            closers=(),
+            bound=client_bound(client),
             prefix=prefix,
             ttl_seconds=ttl_seconds,
             timeout=timeout,
@@ -256,22 +316,35 @@ class RedisStore:
 
     def _setup(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         *,
-        owned: bool,
+        kind: Kind,
+        where: str,
+        closers: tuple[Callable[[], Awaitable[None]], ...],
+        bound: int | None,
         prefix: str,
         ttl_seconds: float,
         timeout: float,
         write_timeout: float,
     ) -> None:
-        if ttl_seconds <= 0 or timeout <= 0 or write_timeout <= 0:
-            raise ValueError("ttl_seconds, timeout and write_timeout must be positive")
+        from ._redis_clients import ERRORS
+
         self.client = client
+        #: What the store reaches: "redis" (one Redis), "cluster" or "sentinel".
+        self.kind: Kind = kind
+        #: Where, as a URL without credentials or options (in `repr` and in errors).
+        self.where = where
         self.prefix = prefix
         self.ttl_seconds = ttl_seconds
         self.timeout = timeout
         self.write_timeout = write_timeout
-        self._owned = owned
+        self._closers = closers
+        self._bound = bound
+        self._errors = ERRORS
+        # One gate per event loop (an asyncio.Semaphore belongs to one).
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         # Redis expiries are whole milliseconds, at least one.
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         #: The most bytes one principal's records may hold (None: no bound, no account kept).
@@ -308,7 +381,8 @@ class RedisStore:
         """Keep `record`: its index key and its chain's hash live `ttl_seconds` from now.
         Returns how many of the principal's conversations were dropped to keep it within its
         bound; raises `QuotaExceeded` (and writes nothing) when its own conversation would
-        not fit."""
+        not fit, and `ParentNotStored` (and writes nothing) when it continues a response Redis
+        does not hold (and that was not deleted)."""
         chain_key = self.chain_key(principal, record.chain_id)
         keys = [self.index_key(principal, record.id), chain_key, *self.account_keys(principal)]
         bound = self.max_principal_bytes
@@ -319,8 +393,16 @@ class RedisStore:
             self._ttl_ms,
             -1 if bound is None else bound,
             self._scope(principal),
+            record.parent_id or "",
         ]
-        dropped = int(await self._bounded(self._put(keys=keys, args=args), self.write_timeout))
+        dropped = int(await self._call(lambda: self._put(keys=keys, args=args), self.write_timeout))
+        if dropped == -2:
+            from ._redis_clients import brief
+
+            raise ParentNotStored(
+                f"{record.id} continues {record.parent_id}, which {brief(self.where)} does not "
+                "hold (lost in a restart without persistence, a failover or an eviction)"
+            )
         if dropped < 0:
             raise QuotaExceeded(
                 f"the conversation would hold more than {bound} bytes "
@@ -331,16 +413,14 @@ class RedisStore:
     async def get_chain(self, principal: str, response_id: str) -> dict[str, StoredResponse]:
         """The records of the conversation `response_id` belongs to, by id (empty when it is
         not stored), in one round trip."""
-        reply = await self._bounded(
-            self._get_chain(
-                keys=[self.index_key(principal, response_id)],
-                args=[self.chain_key(principal, "")],
-            )
-        )
+        keys = [self.index_key(principal, response_id)]
+        args = [self.chain_key(principal, "")]
+        reply = await self._call(lambda: self._get_chain(keys=keys, args=args))
         fields: list[bytes] = list(reply or ())
         chain: dict[str, StoredResponse] = {}
         for name, value in zip(fields[::2], fields[1::2], strict=True):
-            chain[name.decode()] = StoredResponse.decode(value)
+            if not name.startswith(TOMBSTONE):  # a deleted response's
+                chain[name.decode()] = StoredResponse.decode(value)
         # The index outlived its record (written by hand, or a partial failure): not stored.
         return chain if response_id in chain else {}
 
@@ -348,22 +428,16 @@ class RedisStore:
         """The records from the conversation's first response down to `response_id`,
         following parent links in Redis (one round trip; forks are never read); empty when
         one of them is not stored."""
-        reply = await self._bounded(
-            self._get_ancestors(
-                keys=[self.index_key(principal, response_id)],
-                args=[self.chain_key(principal, ""), response_id],
-            )
-        )
+        keys = [self.index_key(principal, response_id)]
+        args = [self.chain_key(principal, ""), response_id]
+        reply = await self._call(lambda: self._get_ancestors(keys=keys, args=args))
         return [StoredResponse.decode(value) for value in reversed(list(reply or ()))]
 
     async def get(self, principal: str, response_id: str) -> StoredResponse | None:
         """One record, or None when it is not stored (one round trip)."""
-        reply = await self._bounded(
-            self._get(
-                keys=[self.index_key(principal, response_id)],
-                args=[self.chain_key(principal, ""), response_id],
-            )
-        )
+        keys = [self.index_key(principal, response_id)]
+        args = [self.chain_key(principal, ""), response_id]
+        reply = await self._call(lambda: self._get(keys=keys, args=args))
         return StoredResponse.decode(reply) if reply else None
 
     def pending_key(self, principal: str, response_id: str) -> str:
@@ -375,36 +449,172 @@ class RedisStore:
         on another worker that misses them waits for their write, and a genuine miss does
         not wait."""
         ms = max(1, round(seconds * 1000))
-        pipe = self.client.pipeline(transaction=False)
-        for response_id in response_ids:
-            pipe.set(self.pending_key(principal, response_id), b"1", px=ms)
-        await self._bounded(pipe.execute(), self.write_timeout)
+        keys = [self.pending_key(principal, response_id) for response_id in response_ids]
+
+        async def mark() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.set(key, b"1", px=ms)
+            await pipe.execute()
+
+        await self._call(mark, self.write_timeout)
 
     async def is_pending(self, principal: str, response_id: str) -> bool:
         """Whether `response_id` is being written."""
-        found = await self._bounded(self.client.exists(self.pending_key(principal, response_id)))
+        key = self.pending_key(principal, response_id)
+        found = await self._call(lambda: self.client.exists(key))
         return bool(found)
 
     async def delete(self, principal: str, response_id: str) -> bool:
         """Forget one response (the rest of its chain stays); whether it was stored."""
-        removed = await self._bounded(
-            self._delete(
-                keys=[self.index_key(principal, response_id), *self.account_keys(principal)],
-                args=[self.chain_key(principal, ""), response_id],
-            )
-        )
+        keys = [self.index_key(principal, response_id), *self.account_keys(principal)]
+        args: list[str | int] = [self.chain_key(principal, ""), response_id, self._ttl_ms]
+        removed = await self._call(lambda: self._delete(keys=keys, args=args))
         return bool(removed)
+
+    async def check(self) -> list[str]:
+        """Ask Redis whether the store can work, as the middleware does at startup: it
+        answers (the address, TLS, the credentials and the database are right), it is what
+        the URL says (not a cluster node named as one Redis, nor a read-only replica; a
+        cluster that serves every slot), it runs the store's Lua scripts (loaded now) and it
+        takes a write. Raise `RedisStoreError` or `TimeoutError` naming the problem; return
+        warnings about how Redis is run (a Redis that keeps nothing on disk loses every
+        stored response when it restarts)."""
+        from redis.asyncio import RedisCluster
+
+        client = self.client
+        await self._call(lambda: client.ping())  # connects: address, TLS, credentials, db
+        nodes: list[object] = [None]
+        if isinstance(client, RedisCluster):
+            state = await self._call(lambda: client.cluster_info())
+            if state.get("cluster_state") != "ok":
+                raise RedisStoreError(
+                    f"the Redis Cluster {self.where} does not serve every slot (cluster_state: "
+                    f"{state.get('cluster_state')}): a master is down with no replica to take over"
+                )
+            nodes = list(client.get_primaries())
+        else:
+            cluster = await self._info("cluster", None)
+            if str(cluster.get("cluster_enabled", "0")) == "1":
+                seeds = self.where.split("://", 1)[1].split("/", 1)[0]
+                raise RedisStoreError(
+                    f"{self.where} is a Redis Cluster node: name the cluster with "
+                    f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
+                )
+            role = (await self._info("replication", None)).get("role", "master")
+            if role != "master":
+                raise RedisStoreError(
+                    f"{self.where} is a read-only replica (role: {role}): name its master, or "
+                    "its Sentinels with redis+sentinel://"
+                )
+        for script in (_PUT, _GET_CHAIN, _GET_ANCESTORS, _GET, _DELETE):
+            await self._call(functools.partial(client.script_load, script))
+        key = f"{self.prefix}:startup-check"
+        await self._call(lambda: client.set(key, b"1", px=CHECK_KEY_MS), self.write_timeout)
+        forgetful = [name for node in nodes if (name := await self._keeps_nothing(node))]
+        if not forgetful:
+            return []
+        if nodes == [None]:
+            which = f"{self.where} keeps"
+        else:
+            which = f"the nodes {', '.join(forgetful)} of {self.where} keep"
+        return [
+            f'{which} nothing on disk (appendonly no, save ""): when Redis restarts, every '
+            "stored response is lost, and continuing one gets previous_response_not_found"
+        ]
+
+    async def _info(self, section: str, node: object) -> dict[str, object]:
+        """`INFO section`, of one cluster node when `node` is one; empty when Redis will not
+        say (an ACL without INFO, a managed Redis that renamed it)."""
+        from redis.exceptions import ResponseError
+
+        extra = {} if node is None else {"target_nodes": node}
+        try:
+            found: dict[str, object] = await self._call(lambda: self.client.info(section, **extra))
+        except RedisStoreError as exc:
+            if isinstance(exc.__cause__, ResponseError):
+                return {}
+            raise
+        return found
+
+    async def _keeps_nothing(self, node: object) -> str | None:
+        """Where Redis (one cluster node when `node` is one) writes neither an append-only
+        file nor snapshots, or None (it persists, or it does not say: a managed Redis may
+        refuse CONFIG)."""
+        persistence = await self._info("persistence", node)
+        if str(persistence.get("aof_enabled", "1")) != "0":
+            return None
+        extra = {} if node is None else {"target_nodes": node}
+        try:
+            config = await self._call(lambda: self.client.config_get("save", **extra))
+        except RedisStoreError:
+            return None
+        if not isinstance(config, dict) or config.get("save") not in ("", b""):
+            return None
+        return str(getattr(node, "name", self.where))
 
     async def aclose(self) -> None:
         """Close the client and its pool (a client given to `from_client` is left open)."""
-        if self._owned:
-            await self.client.aclose()
+        for close in self._closers:
+            await close()
 
-    async def _bounded(self, call: Awaitable[T], seconds: float | None = None) -> T:
-        async with asyncio.timeout(seconds or self.timeout):
-            return await call
+    def _gate(self) -> asyncio.Semaphore | None:
+        """This event loop's bound on calls in flight (None: the client has no bound)."""
+        if self._bound is None:
+            return None
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Semaphore(self._bound)
+        return gate
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[None]:
+        gate = self._gate()
+        if gate is None:
+            yield
+            return
+        async with gate:
+            yield
+
+    async def _call(self, call: Callable[[], Awaitable[T]], seconds: float | None = None) -> T:
+        """`call()` within `seconds` (the lookup `timeout` unless given), sent again after
+        growing pauses while it fails for a reason that passes (`retryable`); its errors named
+        (`RedisStoreError`, `TimeoutError`)."""
+        from ._redis_clients import brief, explain, retryable
+
+        limit = seconds or self.timeout
+        pause = RETRY_PAUSE_SECONDS
+        failure: BaseException | None = None
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    try:
+                        async with self._connection():
+                            return await call()
+                    except self._errors as error:
+                        if not retryable(error, self.kind):
+                            raise
+                        failure = error
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, RETRY_PAUSE_MAX_SECONDS)
+        except TimeoutError:
+            if failure is not None:
+                why = f"; the last try: {explain(failure, self.kind, self.where)}"
+            elif self.where.startswith("rediss"):
+                why = " (over TLS: a Redis that serves no TLS on this port never answers)"
+            else:
+                why = ""
+            raise TimeoutError(
+                f"{brief(self.where)} did not answer within {limit:g} s{why}"
+            ) from failure
+        except self._errors as error:
+            raise RedisStoreError(explain(error, self.kind, self.where)) from error
 
     def __repr__(self) -> str:
-        kwargs: dict[str, Any] = self.client.connection_pool.connection_kwargs
-        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
-        return f"RedisStore({where}, prefix={self.prefix!r}, ttl_seconds={self.ttl_seconds})"
+        return f"RedisStore({self.where}, prefix={self.prefix!r}, ttl_seconds={self.ttl_seconds})"
+
+
+def _check_bounds(ttl_seconds: float, timeout: float, write_timeout: float) -> None:
+    if ttl_seconds <= 0 or timeout <= 0 or write_timeout <= 0:
+        raise ValueError("ttl_seconds, timeout and write_timeout must be positive")

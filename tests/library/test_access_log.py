@@ -253,7 +253,7 @@ def test_a_store_that_is_down_is_logged_with_cause_and_address_never_the_passwor
     password = "s3cret-password"
     port = stopped_redis.port
     store = RedisStore(f"redis://:{password}@127.0.0.1:{port}/0", timeout=1, write_timeout=1)
-    with serve(middleware(store=store, shared_store=True)) as base:
+    with serve(middleware(store=store, shared_store=True, start_degraded=True)) as base:
         with connect(base) as sock:
             first = turn(sock)  # answered; its write fails in the background
             assert first["type"] == "response.completed"
@@ -263,15 +263,15 @@ def test_a_store_that_is_down_is_logged_with_cause_and_address_never_the_passwor
             assert down["error"]["code"] == "store_unavailable"
             warnings = store_warnings(access, lambda message: "failed to hydrate" in message)
         turns, _ = lines(access, connections=2)
-    address = f"(redis://127.0.0.1:{port}/0)"
+    address = f"redis://127.0.0.1:{port}/0"
     keep = next(message for message in written if "failed to keep" in message)
-    assert keep.startswith(f"the store failed to keep '{first['response']['id']}': ConnectionError")
-    assert f"127.0.0.1:{port}" in keep
-    assert keep.endswith(address)
+    assert keep.startswith(f"the store failed to keep '{first['response']['id']}': ")
     hydrate = next(message for message in warnings if "failed to hydrate" in message)
     assert hydrate.startswith(f"the store failed to hydrate '{first['response']['id']}': ")
-    assert "ConnectionError" in hydrate
-    assert hydrate.endswith(address)
+    for line in (keep, hydrate):  # the cause and where, once
+        assert "ConnectionError" in line
+        assert "Connection refused" in line
+        assert line.count(address) == 1
     every = "\n".join(record.getMessage() for record in access.records)
     assert password not in every
     failed = parsed(turns[-1], TURN_LINE)
@@ -290,16 +290,20 @@ def test_a_store_that_does_not_answer_is_logged_as_a_timeout_with_its_bound(
         store = RedisStore(server.url, timeout=0.5, write_timeout=0.5)
         server.freeze()  # accepts connections, never answers
         try:
-            with serve(middleware(store=store, shared_store=True)) as base, connect(base) as sock:
+            with (
+                serve(middleware(store=store, shared_store=True, start_degraded=True)) as base,
+                connect(base) as sock,
+            ):
                 turn(sock)
                 found = store_warnings(access, lambda message: "failed to keep" in message)
         finally:
             server.thaw()
     keep = next(message for message in found if "failed to keep" in message)
-    # RedisStore's own bound (write_timeout) passed before the middleware's.
-    assert keep.endswith(
-        f": TimeoutError: no answer within the store's own timeout (redis://127.0.0.1:{port}/0)"
-    )
+    # RedisStore's own bound (write_timeout, 0.5 s) passed before the middleware's, and its
+    # error says so and where.
+    assert ": TimeoutError: " in keep
+    assert "0.5 s" in keep
+    assert keep.count(f"redis://127.0.0.1:{port}/0") == 1
 
 
 def test_the_command_line_shows_the_access_log_until_logging_is_configured() -> None:

@@ -84,6 +84,7 @@ HANDED_OUT: frozenset[object] = frozenset(
         ResponseStore,
         StoredResponse,
         QuotaExceeded,
+        ws_mode.redis_store.RedisStoreError,
         ws_mode.proxy.ResponsesProxy,
         CheckOptions,
         CompatibilityChecks,

@@ -44,6 +44,7 @@ def origin(stopped_redis: RedisServer) -> Iterator[str]:
         store=RedisStore(stopped_redis.url, timeout=2.0),
         stateful_http=True,
         authenticate=authenticate,
+        start_degraded=True,  # the store is down from the start, on purpose
     )
     with serve(app) as base_url:
         yield base_url

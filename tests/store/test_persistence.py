@@ -139,7 +139,8 @@ async def test_a_missing_parent_is_hydrated_with_its_ancestors_and_no_fork() -> 
 async def test_a_response_not_stored_whole_for_this_scope_is_not_hydrated() -> None:
     store, stats = MemoryStore(), Stats()
     await stored(store, record("r0"), record("r1", "r0"), scope="principal:bob")
-    await stored(store, record("r1", "r0"))  # ours, but its parent is not
+    await stored(store, record("r0"), record("r1", "r0"))
+    await store.delete(SCOPE, "r0")  # ours, but its parent is not any more
     link = StoreLink(store, stats, SCOPE, QUICK)
     held = cache()
     assert await link.hydrate("r1", None, held) is None

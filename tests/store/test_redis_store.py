@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from tests.redis_server import RedisServer, ping
 from ws_mode._store import (
@@ -24,7 +23,7 @@ from ws_mode._store import (
     StoredResponse,
     chain_of,
 )
-from ws_mode.redis_store import RedisStore
+from ws_mode.redis_store import RedisStore, RedisStoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -138,7 +137,16 @@ async def test_delete_forgets_one_response_and_leaves_its_chain(
     assert chain_of(chain, "c") is None  # a link is missing: the chain cannot be rebuilt
     assert await store.delete(ALICE, "a") is True
     assert await store.delete(ALICE, "c") is True
-    assert await raw.keys("*") == []  # the emptied chain hash went with its last record
+    # What is left: the chain's hash, with a tombstone (an id) for each deleted response, so
+    # continuing one is no sign of a loss; it expires with the chain.
+    (left,) = await raw.keys("*")
+    assert left == store.chain_key(ALICE, "a").encode()
+    assert sorted(await raw.hkeys(left)) == [b"\0a", b"\0b", b"\0c"]
+    assert set((await raw.hgetall(left)).values()) == {b""}
+    assert 0 < await raw.pttl(left) <= DEFAULT_TTL_SECONDS * 1000
+    await store.put(ALICE, record("d", c))  # continuing a deleted response: written, as asked
+    assert await store.get(ALICE, "d") is not None
+    assert await store.get(ALICE, "c") is None  # and the deleted one never comes back
 
 
 async def test_records_expire_and_a_write_restarts_the_chains_time_to_live(
@@ -198,12 +206,15 @@ async def test_each_call_is_one_script_call(store: RedisStore, raw: aioredis.Red
     await raw.config_resetstat()
     assert await store.delete(ALICE, "b") is True
     assert await commands_run(raw) == {
-        "evalsha": 1, "get": 1, "hstrlen": 1, "del": 1, "hdel": 1, "exists": 1,
+        "evalsha": 1, "get": 1, "hstrlen": 1, "del": 1, "hdel": 1, "hset": 1, "pttl": 1,
+        "exists": 1,
     }  # fmt: skip
 
     await raw.config_resetstat()
-    await store.put(ALICE, record("c", a))
-    assert await commands_run(raw) == {"evalsha": 1, "set": 1, "hset": 1, "pexpire": 1}
+    await store.put(ALICE, record("c", a))  # a continuation: its chain is checked first
+    assert await commands_run(raw) == {
+        "evalsha": 1, "hexists": 1, "set": 1, "hset": 1, "pexpire": 1,
+    }  # fmt: skip
 
 
 async def test_a_client_given_to_the_store_stays_open(server: RedisServer) -> None:
@@ -238,7 +249,7 @@ async def assert_every_call_fails_fast(store: RedisStore) -> None:
     )
     for call in calls:
         started = time.monotonic()
-        with pytest.raises((RedisError, TimeoutError)):
+        with pytest.raises((RedisStoreError, TimeoutError)):
             await call()
         # A hang, not a speed: the callers' deadlines are under a second and a refused
         # connection fails at once; without them a frozen Redis blocks the call forever. The

@@ -142,7 +142,8 @@ def test_serve_prints_ws_modes_warnings_in_uvicorns_style(tmp_path: Path) -> Non
     # client a generic error and the operator the address, on the command's output.
     redis_server = RedisServer().start()
     redis_server.stop()
-    with ws_mode_serve("--store", redis_server.url, cwd=tmp_path) as served:
+    flags = ("--store", redis_server.url, "--start-degraded")
+    with ws_mode_serve(*flags, cwd=tmp_path) as served:
         with connect(served.origin) as socket:
             socket.send(
                 {"type": "response.create", "model": "m", "input": "hi",
@@ -232,7 +233,11 @@ def test_proxy_store_scope_key_keeps_each_keys_responses_apart() -> None:
 
 def test_a_bad_store_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--store", "sqlite:///x"]) == 2
-    assert "expected memory or a redis:// URL" in capsys.readouterr().err
+    assert "expected memory or a Redis URL (redis://" in capsys.readouterr().err
+    assert main(["serve", "--store", "redis+sentinel://127.0.0.1:26379"]) == 2  # no service
+    assert "names the service" in capsys.readouterr().err
+    assert main(["serve", "--store", "redis+cluster://127.0.0.1:7000/3"]) == 2
+    assert "database 0 only" in capsys.readouterr().err
 
 
 # --- serve --workers ---------------------------------------------------------------------------

@@ -1,17 +1,19 @@
-"""What the ``ws-mode`` commands share: their error, their requirements, their paths, the
-foreground server.
+"""What the ``ws-mode`` commands share: their error, their requirements, their paths, the store,
+the foreground server.
 
 :class:`CommandError` is the one-line failure a command exits 1 for; :class:`Requirements` the
 modules a command imports and the extra that brings them; :func:`run_server` runs
 uvicorn in the foreground for ``serve`` and ``proxy`` (their flags:
 :func:`add_server_arguments`), draining WebSocket mode on shutdown and printing a banner once
 bound; :func:`run_workers` runs several uvicorn worker processes on one socket instead, each
-draining before it stops.
+draining before it stops. :func:`check_store_works` asks the ``--store`` whether it works before
+anything is served.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -24,7 +26,7 @@ from ws_mode import _access_log as access_log
 from ws_mode import _logs as logs
 from ws_mode._install import install_hint
 from ws_mode._limits import Limits
-from ws_mode._store import MemoryStore, ResponseStore
+from ws_mode._store import MemoryStore, ResponseStore, check_store
 from ws_mode.testing._loopback import UVICORN_WS, ws_max_size
 
 from ..args import port
@@ -41,6 +43,7 @@ __all__ = [
     "CommandError",
     "Requirements",
     "add_server_arguments",
+    "check_store_works",
     "run_server",
     "run_workers",
     "store_argument",
@@ -51,6 +54,16 @@ __all__ = [
 PROG: Final = "ws-mode"
 API_PATH: Final = "/v1/responses"
 LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug", "trace")
+#: The URL schemes ``--store`` takes for Redis: one server, a Redis Cluster, a Sentinel's master.
+REDIS_SCHEMES: Final = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+)
 
 
 class CommandError(Exception):
@@ -85,8 +98,9 @@ def add_server_arguments(
     parser: argparse.ArgumentParser, *, store_type: Callable[[str], Any] | None = None
 ) -> None:
     """The flags of a command that serves in the foreground: ``--host``, ``--port``,
-    ``--log-level``, ``--store``. ``--store`` gives a store (:func:`store_from_argument`),
-    or what ``store_type`` makes of its text (:func:`store_argument` keeps the text)."""
+    ``--log-level``, ``--store``, ``--start-degraded``. ``--store`` gives a store
+    (:func:`store_from_argument`), or what ``store_type`` makes of its text
+    (:func:`store_argument` keeps the text)."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
@@ -100,10 +114,21 @@ def add_server_arguments(
         "--store",
         type=store_type or store_from_argument,
         default=None,
-        metavar="memory|redis://HOST:PORT/DB",
+        metavar="memory|REDIS_URL",
         help="keep responses created with store: true beyond the socket, so a client can "
         "continue them after a reconnect or on another worker: in this process (memory) or "
-        "in Redis (needs the redis extra) (default: none)",
+        "in Redis (needs the redis extra): one Redis (redis://HOST:PORT/DB, rediss:// with "
+        "TLS, unix:///PATH), a Redis Cluster (redis+cluster://HOST:PORT[,HOST:PORT...]) or "
+        "the master Sentinels follow (redis+sentinel://HOST:26379[,...]/SERVICE[/DB]); "
+        "docs/store.md (default: none)",
+    )
+    parser.add_argument(
+        "--start-degraded",
+        action="store_true",
+        help="start even when the store does not work at startup (Redis unreachable, a "
+        "wrong database or password, rediss:// against a Redis without TLS, a cluster node "
+        "named as one Redis...): a loud warning instead of an error; until the store works, "
+        "continuations missing from a socket's cache fail and no response is kept",
     )
 
 
@@ -117,22 +142,55 @@ def store_argument(text: str) -> str:
             raise argparse.ArgumentTypeError(
                 f"a Redis store needs the redis extra: {install_hint('redis')}"
             )
+        from ws_mode._redis_clients import url_kind
+
+        try:
+            url_kind(text)  # the URL's form: nothing is connected
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return text
-    raise argparse.ArgumentTypeError(f"expected memory or a redis:// URL, got {text!r}")
+    schemes = ", ".join(REDIS_SCHEMES)
+    shown = text if "@" not in text else text.split("://", 1)[0] + "://..."
+    raise argparse.ArgumentTypeError(f"expected memory or a Redis URL ({schemes}), got {shown!r}")
 
 
 def is_redis_url(text: str) -> bool:
     """Whether a ``--store`` value names a Redis store (shared by processes and hosts)."""
-    return text.startswith(("redis://", "rediss://", "unix://"))
+    return text.lower().startswith(REDIS_SCHEMES)
 
 
 def store_from_argument(text: str) -> ResponseStore:
-    """The store a ``--store`` value names."""
-    if store_argument(text) == "memory":
+    """The store a ``--store`` value names (``memory``, or a Redis URL)."""
+    if text == "memory":
         return MemoryStore()
+    if not is_redis_url(text):
+        store_argument(text)  # raises, naming what is expected
     from ws_mode.redis_store import RedisStore
 
     return RedisStore(text)
+
+
+def check_store_works(text: str | None, *, start_degraded: bool) -> None:
+    """Before serving: ask the store ``--store`` names whether it works, and raise
+    :class:`CommandError` naming the problem when it does not (the server's own startup asks
+    again, and logs any warning). With ``--start-degraded`` nothing is asked here: the server
+    starts, and warns."""
+    if text is None or start_degraded:
+        return
+
+    async def ask() -> str | None:
+        store = store_from_argument(text)
+        try:
+            problem, _warnings = await check_store(store, Limits().store_read_seconds)
+        finally:
+            await store.aclose()
+        return problem
+
+    problem = asyncio.run(ask())
+    if problem is not None:
+        raise CommandError(
+            f"the store does not work: {problem} (to start anyway: --start-degraded)"
+        )
 
 
 def url_host(host: str) -> str:

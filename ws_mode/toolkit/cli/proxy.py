@@ -23,7 +23,10 @@ from .common import (
     CommandError,
     Requirements,
     add_server_arguments,
+    check_store_works,
     run_server,
+    store_argument,
+    store_from_argument,
 )
 from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 
@@ -51,7 +54,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="the upstream's base URL, like the openai SDK's base_url: "
         "http://localhost:8000/v1 stands for the client's /v1",
     )
-    add_server_arguments(proxy)
+    add_server_arguments(proxy, store_type=store_argument)
     proxy.add_argument(
         "--api-key",
         metavar="KEY",
@@ -108,12 +111,14 @@ def _proxy(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     limits = Limits()
     scoping, stored = _store_scoping(args, api_key)
+    check_store_works(args.store, start_degraded=args.start_degraded)
     app = WebSocketModeMiddleware(
         upstream,
         full_context=args.full_context,
         on_cache_miss="forward" if args.forward_uncached else "error",
         limits=limits,
-        store=args.store,
+        store=store_from_argument(args.store) if args.store else None,
+        start_degraded=args.start_degraded,
         **scoping,
     )
     auth = "the configured key" if api_key else "the client's Authorization"

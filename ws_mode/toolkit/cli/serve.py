@@ -32,6 +32,7 @@ from .common import (
     API_PATH,
     PROG,
     add_server_arguments,
+    check_store_works,
     configure_logging,
     is_redis_url,
     run_server,
@@ -52,6 +53,7 @@ ENVIRONMENT: Final = {
     "full_context": "WS_MODE_SERVE_FULL_CONTEXT",
     "max_connection_seconds": "WS_MODE_SERVE_MAX_CONNECTION_SECONDS",
     "store": "WS_MODE_SERVE_STORE",
+    "start_degraded": "WS_MODE_SERVE_START_DEGRADED",
 }
 #: Where each worker's app comes from (a factory: uvicorn calls it in each worker).
 APP_FACTORY: Final = "ws_mode.toolkit.cli.serve:app_from_environment"
@@ -62,16 +64,26 @@ _LIFETIME = number(float, 0, strict=True)
 _FULL_CONTEXT: tuple[str, ...] = get_args(FullContext)
 
 
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """What ``ws-mode serve`` serves: the reference model's script and speed, the middleware's
-    ``full_context``, the sockets' lifetime, and the store (``memory``, a Redis URL, or none)."""
+    ``full_context``, the sockets' lifetime, the store (``memory``, a Redis URL, or none),
+    and whether to start when the store does not work (``start_degraded``)."""
 
     tool_calls: int = 3
     tokens_per_second: float = 0.0
     full_context: FullContext = "always"
     max_connection_seconds: float = Limits().max_connection_seconds
     store: str | None = None
+    start_degraded: bool = False
 
     @classmethod
     def from_arguments(cls, args: argparse.Namespace) -> ServeSettings:
@@ -82,6 +94,7 @@ class ServeSettings:
             full_context=args.full_context,
             max_connection_seconds=args.max_connection_seconds,
             store=args.store,
+            start_degraded=args.start_degraded,
         )
 
     @classmethod
@@ -94,6 +107,7 @@ class ServeSettings:
             full_context=_variable(environ, "full_context", _full_context),
             max_connection_seconds=_variable(environ, "max_connection_seconds", _LIFETIME),
             store=_variable(environ, "store", store_argument),
+            start_degraded=_variable(environ, "start_degraded", _flag),
         )
 
     def environment(self) -> dict[str, str]:
@@ -104,6 +118,7 @@ class ServeSettings:
             "full_context": self.full_context,
             "max_connection_seconds": repr(self.max_connection_seconds),
             "store": self.store,
+            "start_degraded": "true" if self.start_degraded else "false",
         }
         return {ENVIRONMENT[field]: value for field, value in values.items() if value is not None}
 
@@ -115,6 +130,7 @@ class ServeSettings:
             full_context=self.full_context,
             limits=Limits(max_connection_seconds=self.max_connection_seconds),
             store=store_from_argument(self.store) if self.store else None,
+            start_degraded=self.start_degraded,
         )
 
 
@@ -208,11 +224,13 @@ def build_app(
     full_context: FullContext = "always",
     limits: Limits | None = None,
     store: ResponseStore | None = None,
+    start_degraded: bool = False,
 ) -> WebSocketModeMiddleware:
     """The reference Responses server wrapped by the middleware, as ``ws-mode serve`` runs it.
 
     The reference server authenticates nobody, so a ``store`` is shared by every caller
-    (``shared_store=True``; the middleware warns so at startup).
+    (``shared_store=True``; the middleware warns so at startup). ``start_degraded`` starts it
+    even when the store does not work (the middleware's own).
     Its :class:`~ws_mode.toolkit.reference.ReferenceStats` are on ``app.app.state.reference_stats``.
     """
     from ..reference import ReferenceConfig, create_app
@@ -226,6 +244,7 @@ def build_app(
         limits=limits,
         store=store,
         shared_store=store is not None,  # no authentication: nobody to scope responses by
+        start_degraded=start_degraded,
     )
 
 
@@ -271,6 +290,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    check_store_works(settings.store, start_degraded=settings.start_degraded)
     full_context = settings.full_context
     shape = f"full_context={full_context}" + (f", {workers} workers" if workers > 1 else "")
     if settings.store:
