@@ -467,7 +467,7 @@ def infinite_free(value: Any) -> bool:
     return True
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(value=frames())
 def test_any_json_value_is_parsed_or_refused(value: Any) -> None:
     event = parse_or_refuse(json.dumps(value))
@@ -515,7 +515,7 @@ def valid_creates(draw: st.DrawFn) -> dict[str, Any]:
     return {key: create[key] for key in order}
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(sent=valid_creates())
 def test_valid_creates_round_trip(sent: dict[str, Any]) -> None:
     create = parse_client_event(json.dumps(sent))
@@ -549,7 +549,7 @@ def is_json(text: str) -> bool:
     return True
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(text=st.text() | st.text(alphabet='{}[]":,0123456789.eE+- tnrufalsNI\\'))
 def test_text_that_is_not_json_is_invalid_json(text: str) -> None:
     assume(not is_json(text))

@@ -432,7 +432,7 @@ def check_round(
 
 
 def test_a_thousand_vanishing_clients_leave_nothing_behind_short(live: Live) -> None:
-    check_nothing_left(live, 300, seed=7)
+    check_nothing_left(live, 200, seed=7)
 
 
 @pytest.mark.slow

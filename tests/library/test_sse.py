@@ -241,7 +241,7 @@ def cuts(draw: st.DrawFn, body: bytes) -> list[bytes]:
     return [body[start:end] for start, end in itertools.pairwise(bounds)]
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(
     events=st.lists(generated_events(), max_size=6),
     bom=st.booleans(),

@@ -30,7 +30,8 @@ used, so registering the pytest plugin costs nothing where they are missing.
 
 from __future__ import annotations
 
-import contextlib
+import sys
+from typing import Any
 
 from ._check import CheckOptions, CompatibilityCheck, check_conversation
 from ._program import (
@@ -48,8 +49,20 @@ from ._program import (
 from ._recorder import RecordedCall
 from ._report import CompatibilityError, Report, TurnReport
 
-with contextlib.suppress(ImportError):  # the fixture, where pytest is installed
+# The fixture: at once under pytest (for `pytest_plugins = ["ws_mode.testing"]`), on first use
+# elsewhere, so a program that only needs the kit's socket client or server runner (the
+# `ws-mode` command) does not pay for importing pytest.
+if "pytest" in sys.modules:
     from ._plugin import CompatibilityChecks, ws_mode_check
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CompatibilityChecks", "ws_mode_check"):
+        from . import _plugin
+
+        return getattr(_plugin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_FIELDS",
