@@ -200,7 +200,8 @@ class WebSocketModeMiddleware:
         self._draining = False
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
-        self.stats.live_evictions = lambda: sum(c.cache.evictions for c in self._open)
+        # A copy: a scrape may run in another thread (prometheus_client's own HTTP server).
+        self.stats.live_evictions = lambda: sum(c.cache.evictions for c in list(self._open))
         self.stats.budget = self.settings.budget
         if store is not None:
             _bound_store(store, limits)

@@ -35,6 +35,7 @@ from ._items import encode_items, with_input
 from ._logs import for_log
 from ._persistence import (
     StoreUnavailable,
+    failure_at,
     load_chain,
     read_one,
     start_write,
@@ -94,8 +95,9 @@ class StatefulHTTP:
             await self._post(scope, receive, send, owner)
             return
         response_id = scope["path"].rsplit("/", 1)[-1]
+        seconds = self.settings.limits.store_read_seconds
         try:
-            async with asyncio.timeout(self.settings.limits.store_read_seconds):
+            async with asyncio.timeout(seconds) as timer:
                 if scope["method"] == "DELETE":
                     found = await self.store.delete(owner, response_id)
                     record = None
@@ -104,7 +106,9 @@ class StatefulHTTP:
                     found = record is not None
         except Exception as exc:
             logger.warning(
-                "the store failed to answer for %s: %s", for_log(response_id), for_log(exc)
+                "the store failed to answer for %s: %s",
+                for_log(response_id),
+                failure_at(self.store, exc, timer, f"{seconds:g} s (Limits.store_read_seconds)"),
             )
             await _answer(send, 503, "store_unavailable", "The response store is unavailable.")
             return
