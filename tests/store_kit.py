@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ws_mode import StoredResponse
 from ws_mode._asgi import Receive, Scope, Send
 from ws_mode.testing._client import connect
 
@@ -124,3 +125,15 @@ class ClosingStore:
             await send(message)
 
         await self.app(scope, receive, closing_send)
+
+
+def stored_record(response_id: str, parent: StoredResponse | None = None) -> StoredResponse:
+    """A small stored response: a root, or a child of `parent` in its conversation."""
+    return StoredResponse(
+        id=response_id,
+        parent_id=parent.id if parent else None,
+        chain_id=parent.chain_id if parent else response_id,
+        input=b'{"role":"user","content":"' + response_id.encode() + b'"}',
+        output=b'{"type":"message","role":"assistant","content":"ok"}',
+        response=b'{"id":"' + response_id.encode() + b'","status":"completed"}',
+    )

@@ -18,9 +18,9 @@ from redis.crc import key_slot
 
 from tests.redis_server import ClusterServers
 from tests.servers import serve, ws_mode_serve
-from tests.store_kit import ClosingStore, answers, turn, who
+from tests.store_kit import ClosingStore, answers, stored_record, turn, who
 from ws_mode import WebSocketModeMiddleware
-from ws_mode._store import ParentNotStored, StoredResponse
+from ws_mode._store import ParentNotStored
 from ws_mode.redis_store import RedisStore, RedisStoreError, principal_digest
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
@@ -42,17 +42,6 @@ async def store(cluster: ClusterServers) -> AsyncIterator[RedisStore]:
     await opened.aclose()
 
 
-def record(response_id: str, parent: StoredResponse | None = None) -> StoredResponse:
-    return StoredResponse(
-        id=response_id,
-        parent_id=parent.id if parent else None,
-        chain_id=parent.chain_id if parent else response_id,
-        input=b'{"role":"user","content":"' + response_id.encode() + b'"}',
-        output=b'{"type":"message","role":"assistant","content":"ok"}',
-        response=b'{"id":"' + response_id.encode() + b'","status":"completed"}',
-    )
-
-
 def masters_of(cluster: ClusterServers, store: RedisStore, principals: list[str]) -> set[int]:
     """The ports of the masters serving these principals' keys."""
     return {cluster.master_of(store.index_key(p, "x")).port for p in principals}
@@ -63,8 +52,8 @@ async def test_every_principal_is_served_whichever_master_holds_its_slot(
 ) -> None:
     assert masters_of(cluster, store, PRINCIPALS) == {node.port for node in cluster.nodes[:3]}
     for principal in PRINCIPALS:
-        a = record(f"{principal}-a")
-        b, fork = record(f"{principal}-b", a), record(f"{principal}-fork", a)
+        a = stored_record(f"{principal}-a")
+        b, fork = stored_record(f"{principal}-b", a), stored_record(f"{principal}-fork", a)
         await store.mark_pending(principal, [a.id, b.id], 5.0)
         for each in (a, b, fork):
             assert await store.put(principal, each) == 0
@@ -82,7 +71,7 @@ async def test_a_continuation_of_a_conversation_the_cluster_lost_is_refused(
     store: RedisStore,
 ) -> None:
     with pytest.raises(ParentNotStored):
-        await store.put("user-lost", record("b", record("a")))
+        await store.put("user-lost", stored_record("b", stored_record("a")))
     assert await store.get("user-lost", "b") is None  # nothing was written
 
 
@@ -113,7 +102,7 @@ async def test_a_cluster_node_named_as_one_redis_is_said_to_be_one(
         failed: list[str] = []
         for principal in PRINCIPALS:
             try:
-                await store.put(principal, record("a"))
+                await store.put(principal, stored_record("a"))
             except RedisStoreError as exc:
                 failed.append(str(exc))
         # The principals whose slot is on another master: MOVED, named for what it is.
@@ -142,7 +131,7 @@ async def test_a_cluster_client_given_to_from_client_waits_for_its_few_connectio
         assert repr(store).startswith(
             f"RedisStore(redis+cluster://127.0.0.1:{cluster.nodes[1].port}"
         )
-        writes = [store.put(PRINCIPALS[n % 3], record(f"r{n}")) for n in range(200)]
+        writes = [store.put(PRINCIPALS[n % 3], stored_record(f"r{n}")) for n in range(200)]
         assert await asyncio.gather(*writes) == [0] * 200
         for n in range(200):
             assert await store.get(PRINCIPALS[n % 3], f"r{n}") is not None
@@ -252,7 +241,7 @@ async def test_a_master_killed_loses_no_stored_response_and_writes_wait_out_the_
     with ClusterServers() as cluster:
         store = RedisStore(cluster.url, timeout=20.0, write_timeout=20.0)
         try:
-            roots = {principal: record(f"{principal}-a") for principal in PRINCIPALS}
+            roots = {principal: stored_record(f"{principal}-a") for principal in PRINCIPALS}
             for principal, root in roots.items():
                 await store.put(principal, root)
             for master in cluster.nodes[:3]:
@@ -261,7 +250,7 @@ async def test_a_master_killed_loses_no_stored_response_and_writes_wait_out_the_
             victim = cluster.master_of(store.index_key(PRINCIPALS[0], "x"))
             cluster.kill(victim)
             # Writes and reads sent while the replica takes over wait it out.
-            children = {p: record(f"{p}-b", root) for p, root in roots.items()}
+            children = {p: stored_record(f"{p}-b", root) for p, root in roots.items()}
             await asyncio.gather(*(store.put(p, child) for p, child in children.items()))
             for principal in PRINCIPALS:
                 found = await store.get_ancestors(principal, children[principal].id)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.redis_server import RedisServer
 from tests.servers import serve
-from tests.store_kit import ClosingStore, answers, key, wait_for, who
+from tests.store_kit import ClosingStore, answers, key, stored_record, wait_for, who
 from ws_mode import Limits, MemoryStore, Stats, WebSocketModeMiddleware
 from ws_mode._persistence import start_write, write_records
 from ws_mode._store import ParentNotStored, StoredResponse
@@ -32,26 +32,15 @@ def server() -> Iterator[RedisServer]:
         yield running
 
 
-def record(response_id: str, parent: StoredResponse | None = None) -> StoredResponse:
-    return StoredResponse(
-        id=response_id,
-        parent_id=parent.id if parent else None,
-        chain_id=parent.chain_id if parent else response_id,
-        input=b'{"role":"user","content":"hi"}',
-        output=b'{"type":"message","role":"assistant","content":"ok"}',
-        response=b'{"id":"' + response_id.encode() + b'","status":"completed"}',
-    )
-
-
 async def test_a_continuation_of_a_conversation_lost_in_a_restart_is_refused(
     server: RedisServer,
 ) -> None:
     store = RedisStore(server.url)
     try:
-        a = record("a")
+        a = stored_record("a")
         await store.put("alice", a)
         server.restart()  # empty: nothing was persisted
-        b = record("b", a)
+        b = stored_record("b", a)
         with pytest.raises(ParentNotStored, match="does not hold"):
             await store.put("alice", b)
         assert await store.get("alice", "b") is None  # nothing written
@@ -67,8 +56,8 @@ async def test_a_continuation_of_a_response_lost_alone_is_refused_of_one_deleted
 ) -> None:
     store = RedisStore(server.url)
     try:
-        a = record("a")
-        b = record("b", a)
+        a = stored_record("a")
+        b = stored_record("b", a)
         await store.put("alice", a)
         await store.put("alice", b)
         # The last write lost, its conversation's hash kept (a failover that promoted a
@@ -76,11 +65,11 @@ async def test_a_continuation_of_a_response_lost_alone_is_refused_of_one_deleted
         with server.client() as client:
             client.hdel(store.chain_key("alice", "a"), "b")
         with pytest.raises(ParentNotStored):
-            await store.put("alice", record("c", b))
+            await store.put("alice", stored_record("c", b))
         # A response deleted on purpose is continued without a word, and stays deleted.
         await store.put("alice", b)
         assert await store.delete("alice", "b") is True
-        await store.put("alice", record("c", b))
+        await store.put("alice", stored_record("c", b))
         assert await store.get("alice", "b") is None
     finally:
         await store.aclose()
@@ -88,24 +77,24 @@ async def test_a_continuation_of_a_response_lost_alone_is_refused_of_one_deleted
 
 async def test_the_memory_store_refuses_a_continuation_of_a_conversation_it_dropped() -> None:
     store = MemoryStore(max_records=1)
-    a = record("a")
+    a = stored_record("a")
     await store.put("alice", a)
-    await store.put("alice", record("other"))  # a is dropped for the bound
+    await store.put("alice", stored_record("other"))  # a is dropped for the bound
     with pytest.raises(ParentNotStored):
-        await store.put("alice", record("b", a))
-    kept = record("kept")
+        await store.put("alice", stored_record("b", a))
+    kept = stored_record("kept")
     await store.put("alice", kept)
     await store.delete("alice", "kept")  # deleted on purpose: continuing it is no loss
-    await store.put("alice", record("after", kept))
+    await store.put("alice", stored_record("after", kept))
 
 
 async def test_a_write_whose_conversation_was_lost_writes_it_whole(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store, stats = MemoryStore(), Stats()
-    a = record("a")
-    b = record("b", a)
-    c = record("c", b)
+    a = stored_record("a")
+    b = stored_record("b", a)
+    c = stored_record("c", b)
     with caplog.at_level(logging.WARNING, logger="ws_mode"):
         landed = await write_records(store, stats, "alice", c, seconds=5.0, whole=lambda: [a, b, c])
     assert landed
@@ -132,8 +121,8 @@ async def test_a_write_that_overtakes_its_parents_waits_for_it_and_rewrites_noth
             return await super().put(principal, record)
 
     store, stats = SlowRoots(), Stats()
-    a = record("a")
-    b = record("b", a)
+    a = stored_record("a")
+    b = stored_record("b", a)
     with caplog.at_level(logging.WARNING, logger="ws_mode"):
         first = start_write(store, stats, "alice", a, seconds=5.0)
         second = start_write(store, stats, "alice", b, seconds=5.0, whole=lambda: [a, b])

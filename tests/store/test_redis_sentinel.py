@@ -13,8 +13,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from tests.redis_server import SentinelServers
 from tests.servers import ws_mode_serve
-from tests.store_kit import answers, turn
-from ws_mode._store import StoredResponse
+from tests.store_kit import answers, stored_record, turn
 from ws_mode.redis_store import RedisStore, RedisStoreError
 
 pytestmark = pytest.mark.anyio
@@ -33,22 +32,11 @@ async def store(sentinel: SentinelServers) -> AsyncIterator[RedisStore]:
     await opened.aclose()
 
 
-def record(response_id: str, parent: StoredResponse | None = None) -> StoredResponse:
-    return StoredResponse(
-        id=response_id,
-        parent_id=parent.id if parent else None,
-        chain_id=parent.chain_id if parent else response_id,
-        input=b'{"role":"user","content":"hi"}',
-        output=b'{"type":"message","role":"assistant","content":"ok"}',
-        response=b'{"id":"' + response_id.encode() + b'","status":"completed"}',
-    )
-
-
 async def test_a_store_named_by_its_sentinels_writes_to_the_master(
     sentinel: SentinelServers, store: RedisStore
 ) -> None:
-    a = record("a")
-    b = record("b", a)
+    a = stored_record("a")
+    b = stored_record("b", a)
     await store.put("alice", a)
     await store.put("alice", b)
     assert await store.get_ancestors("alice", "b") == [a, b]
@@ -70,7 +58,7 @@ async def test_sentinels_master_client_given_to_from_client(sentinel: SentinelSe
             f"RedisStore(redis+sentinel://127.0.0.1:{sentinel.sentinels[0].port}/mymaster"
         )
         # Two connections in its pool, fifty calls at once: they wait for one, none fails.
-        await asyncio.gather(*(store.put("bob", record(f"r{n}")) for n in range(50)))
+        await asyncio.gather(*(store.put("bob", stored_record(f"r{n}")) for n in range(50)))
         assert all([await store.get("bob", f"r{n}") for n in range(50)])
         assert await store.check() != []
     finally:
@@ -92,7 +80,7 @@ async def test_the_masters_death_is_waited_out_and_nothing_stored_is_lost() -> N
     with SentinelServers() as servers:
         store = RedisStore(servers.url, timeout=20.0, write_timeout=20.0)
         try:
-            kept = [record(f"kept-{n}") for n in range(20)]
+            kept = [stored_record(f"kept-{n}") for n in range(20)]
             for each in kept:
                 await store.put("alice", each)
             with servers.master.client() as client:
@@ -100,7 +88,7 @@ async def test_the_masters_death_is_waited_out_and_nothing_stored_is_lost() -> N
             old = servers.master
             old.stop()
             # Sent while the Sentinel fails the master over: each waits it out.
-            later = [record(f"later-{n}", kept[n]) for n in range(20)]
+            later = [stored_record(f"later-{n}", kept[n]) for n in range(20)]
             for each in later:
                 await store.put("alice", each)
             assert servers.current_master() is not old

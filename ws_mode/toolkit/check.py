@@ -917,7 +917,10 @@ def open_ping_timed_socket(
     the pings it gets (:class:`PingTimedConnection`)."""
     # websockets' own connect, the only one that takes create_connection; the options are
     # those of the kit's connect (no compression, no size limit, no proxy), without pings.
-    connection = sync_connect(
+    # Entered as a context manager, as the kit's connect does (websockets 17.1 deprecates
+    # using its result directly); the socket's close leaves it.
+    opened = contextlib.ExitStack()
+    connect_here = sync_connect(
         target.url,
         additional_headers=dict(options.headers),
         open_timeout=options.timeout,
@@ -928,8 +931,9 @@ def open_ping_timed_socket(
         ping_interval=None,
         create_connection=PingTimedConnection,
     )
+    connection = opened.enter_context(connect_here)
     assert isinstance(connection, PingTimedConnection)
-    return SyncSocket(connection), connection
+    return SyncSocket(connection, opened), connection
 
 
 @dataclass
