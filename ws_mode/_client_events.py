@@ -102,6 +102,9 @@ class _Steer(BaseModel):
     input: Any = None
 
 
+#: The only fields `response.steer` takes.
+_STEER_FIELDS = frozenset({"type", "previous_response_id", "input"})
+
 _REFUSAL_SETTINGS = ("code", "param", "status", "type", "stream_id", "on_lane")
 
 
@@ -150,6 +153,9 @@ class SteerEvent:
 
     previous_response_id: str
     input: Any
+    #: Fields besides `type`, `previous_response_id` and `input`, which the event does not
+    #: accept; refused with `response.steer.failed` (the input goes back to the client).
+    unexpected: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -258,7 +264,10 @@ def _parse_steer(data: dict[str, Any]) -> SteerEvent:
         steer = _Steer.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, None) from None
-    return SteerEvent(previous_response_id=steer.previous_response_id, input=steer.input)
+    unexpected = tuple(key for key in data if key not in _STEER_FIELDS)
+    return SteerEvent(
+        previous_response_id=steer.previous_response_id, input=steer.input, unexpected=unexpected
+    )
 
 
 def _validation_error(exc: ValidationError, stream_id: str | None) -> ProtocolError:

@@ -261,6 +261,12 @@ class Steering:
         if not self.enabled:
             return failed("steering_not_supported", STEER_MESSAGES["steering_not_supported"])
         problem = steer_input_problem(steer.input)
+        if steer.unexpected:
+            names = ", ".join(repr(name[:64]) for name in steer.unexpected[:5])
+            problem = (
+                f"response.steer takes only 'type', 'previous_response_id' and 'input'; "
+                f"unexpected: {names}."
+            )
         if problem is not None:
             return failed("invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem))
         if active is None and streaming:
@@ -286,7 +292,7 @@ class Steering:
         if self.budget is not None and not self.budget.reserve(size):
             return failed(MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES[MEMORY_BUDGET_EXCEEDED])
         accepted = Steer(
-            id="steer_" + secrets.token_hex(12),
+            id="steer_" + secrets.token_hex(16),  # 32 hex digits, as OpenAI's
             target=target,
             input=steer.input,
             items=_items(steer.input),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -173,7 +174,7 @@ def test_a_steered_response_ends_at_a_boundary_and_a_successor_continues_it(
     kinds = [event.type for event in seen]
     accepted = next(event for event in seen if event.type == "response.steer.accepted")
     assert accepted.steer.previous_response_id == "resp_1"
-    assert accepted.steer.id.startswith("steer_")
+    assert re.fullmatch(r"steer_[0-9a-f]{32}", accepted.steer.id)  # as long as OpenAI's
     steered = next(event for event in seen if event.type == "response.incomplete")
     assert steered.response.incomplete_details.reason == "steered"
     # Cut after the first item: the second never went out, and the output holds the first.
@@ -415,6 +416,16 @@ def test_refusals_carry_their_codes(served: tuple[Model, str]) -> None:
         failed = refusal()
         assert failed.error.code == "invalid_input"
         assert failed.steer.input == bad
+        # The event takes type, previous_response_id and input only: any other field is
+        # refused by name, and the input comes back.
+        for extra in ({"stream_id": "lane"}, {"model": "two"}, {"foo": 1}):
+            connection.send(
+                {"type": "response.steer", "previous_response_id": "resp_1", "input": "x", **extra}
+            )  # type: ignore[arg-type]
+            failed = refusal()
+            assert failed.error.code == "invalid_input"
+            assert repr(next(iter(extra))) in failed.error.message
+            assert failed.steer.input == "x"
         for _ in range(Limits().max_pending_steers + 1):
             connection.response.steer(input="more", previous_response_id="resp_1")
         assert refusal().error.code == "too_many_pending_steers"
