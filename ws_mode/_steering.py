@@ -260,13 +260,14 @@ class Steering:
 
         if not self.enabled:
             return failed("steering_not_supported", STEER_MESSAGES["steering_not_supported"])
-        problem = steer_input_problem(steer.input)
         if steer.unexpected:
             names = ", ".join(repr(name[:64]) for name in steer.unexpected[:5])
-            problem = (
+            problem: str | None = (
                 f"response.steer takes only 'type', 'previous_response_id' and 'input'; "
                 f"unexpected: {names}."
             )
+        else:
+            problem = steer_input_problem(steer.input)
         if problem is not None:
             return failed("invalid_input", STEER_MESSAGES["invalid_input"].format(detail=problem))
         if active is None and streaming:
