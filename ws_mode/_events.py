@@ -198,7 +198,8 @@ def _not_a_json_object() -> dict[str, Any]:
 
 
 def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
-    """An SSE `error` event (flat `code`/`message`/`param`) in the socket's nested envelope."""
+    """An SSE `error` event (flat `code`/`message`/`param`) in the socket's nested envelope;
+    its `error.headers` (rate limits, when to retry) also beside `error`."""
     error = event.get("error")
     fields = error if isinstance(error, dict) else event
     kind = _text(fields.get("type") if fields is error else event.get("error_type"))
@@ -217,6 +218,11 @@ def _nested_error(event: dict[str, Any]) -> dict[str, Any]:
     }
     if isinstance(event.get("sequence_number"), int):
         nested["sequence_number"] = event["sequence_number"]
+    headers = nested["error"].get("headers")
+    if isinstance(headers, dict) and headers:
+        # OpenAI's schema and its SDKs read `error.headers`; Codex reads `headers` beside
+        # `error`: both carry them.
+        nested["headers"] = headers
     return nested
 
 

@@ -3,21 +3,22 @@
 No socket and no loopback hop: the app is called as an ASGI application with a synthetic
 `http` scope. Its answer is read as it is sent: an SSE stream is decoded incrementally and
 each event handed on at once; a JSON response object becomes the lifecycle events an SSE
-stream would have carried; a 4xx/5xx becomes one error event with the handler's status.
+stream would have carried; a 4xx/5xx becomes one error event with the handler's status, its
+error body, and its rate-limit and retry headers (`error.headers`, `ws_mode._headers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
 
 from ._asgi import ASGIApp, Message, Receive, Scope
 from ._events import lifecycle_events
-from ._headers import end_to_end, header
+from ._headers import end_to_end, error_headers, header
 from ._logs import for_log
 from ._protocol import error_event, server_error
 from ._socket import ClientGone
@@ -109,6 +110,8 @@ class HandlerCall:
         self.status: int | None = None
         self._streaming = False
         self._content_type = b""
+        #: The headers of an answer read whole (an error's rate limits go on its event).
+        self._headers: Iterable[tuple[bytes, bytes]] = ()
         self._decoder = SSEDecoder()
         self._buffer: list[bytes] = []
         self._buffered = 0
@@ -185,6 +188,8 @@ class HandlerCall:
             self.status = int(message["status"])
             self._content_type = content_type(message.get("headers", ()))
             self._streaming = self.status < 300 and is_event_stream(self._content_type)
+            if not self._streaming:
+                self._headers = message.get("headers", ())
         # Other messages (trailers, extensions we did not offer) carry nothing for the client.
 
     async def _finish(self) -> None:
@@ -208,7 +213,7 @@ class HandlerCall:
                     self.status,
                     for_log(body),
                 )
-            await self.sink.event(_error_from_answer(self.status, body))
+            await self.sink.event(_error_from_answer(self.status, body, self._headers))
             return
         try:
             response = orjson.loads(body)
@@ -225,7 +230,7 @@ class HandlerCall:
                 self.status,
                 for_log(body),
             )
-            await self.sink.event(_error_from_answer(500, body))
+            await self.sink.event(_error_from_answer(500, body, self._headers))
             return
         if not (
             isinstance(response, dict)
@@ -249,8 +254,11 @@ class HandlerCall:
                 return
 
 
-def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
-    """The error event for a handler's 4xx/5xx answer, keeping its error body."""
+def _error_from_answer(
+    status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+) -> dict[str, Any]:
+    """The error event for a handler's 4xx/5xx answer, keeping its error body and, in
+    `error.headers`, the rate-limit and retry headers it came with."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -264,13 +272,17 @@ def _error_from_answer(status: int, body: bytes) -> dict[str, Any]:
         value = error.get(key)
         return value if isinstance(value, str) else None
 
-    return error_event(
+    event = error_event(
         status,
         text("type") or ("invalid_request_error" if status < 500 else "server_error"),
         text("code"),
         text("message") or f"The handler answered HTTP {status}.",
         param=text("param"),
     )
+    kept = error_headers(headers)
+    if kept:
+        event["error"]["headers"] = kept
+    return event
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:
