@@ -102,20 +102,32 @@ class Connection:
     # The socket.
 
     async def run(
-        self, *, principal: Any = None, owner: str | None = None, subprotocol: str | None = None
+        self,
+        *,
+        principal: Any = None,
+        owner: str | None = None,
+        subprotocol: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        """Accept the socket and serve it as `principal`, whose stored responses are those of
-        `owner` (`ws_mode._persistence.store_scope`); return when it is closed."""
+        """Accept the socket (its answer carrying `headers`) and serve it as `principal`, whose
+        stored responses are those of `owner` (`ws_mode._persistence.store_scope`); return
+        when it is closed."""
         # The connection's span (when traced) is current from here on, in this task and the
         # lanes' tasks it starts.
         observer = self.settings.observer
         observer.connection_opened(self.record, self.scope)
         try:
-            await self._serve(principal, owner, subprotocol)
+            await self._serve(principal, owner, subprotocol, headers)
         finally:
             observer.connection_closed(self.record)
 
-    async def _serve(self, principal: Any, owner: str | None, subprotocol: str | None) -> None:
+    async def _serve(
+        self,
+        principal: Any,
+        owner: str | None,
+        subprotocol: str | None,
+        headers: list[tuple[bytes, bytes]] | None,
+    ) -> None:
         self.turns.principal, self._owner = principal, owner
         if self.settings.store is not None and owner is not None:
             self.turns.store = StoreLink(self.settings.store, self.stats, owner, self.limits)
@@ -123,6 +135,8 @@ class Connection:
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if subprotocol is not None:
             accept["subprotocol"] = subprotocol
+        if headers:
+            accept["headers"] = headers
         await self._send(accept)
         if self._state is SocketState.CONNECTING:  # a drain may have come first
             self._state = SocketState.OPEN

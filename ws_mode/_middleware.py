@@ -23,6 +23,8 @@ from ._auth import (
 from ._budget import CONNECTION_COST, MemoryBudget
 from ._connection import Connection
 from ._errors import ConfigError
+from ._headers import handshake_answer_headers
+from ._hooks import call_hook
 from ._limits import Limits
 from ._observe import Observer
 from ._origins import OriginPolicy
@@ -34,7 +36,14 @@ from ._protocol import (
     json_answer,
     memory_budget_message,
 )
-from ._settings import CacheMiss, FullContext, ResponseHook, Settings, check_principals
+from ._settings import (
+    CacheMiss,
+    FullContext,
+    HandshakeHeaders,
+    ResponseHook,
+    Settings,
+    check_principals,
+)
 from ._stateful_http import StatefulHTTP
 from ._store import ResponseStore, check_store
 from ._tokens import Renderer
@@ -95,7 +104,10 @@ class WebSocketModeMiddleware:
     does not, the startup fails with what is wrong, unless `start_degraded=True`, which starts
     anyway with a loud warning (turns that need the store fail until it answers).
     `enabled=False` (settable at run time) answers upgrades with 426 so clients fall back to
-    HTTP.
+    HTTP. `handshake_headers(scope, principal)` gives headers for the handshake's answer (Codex
+    reads `openai-model`, `x-models-etag`, `x-reasoning-included`, `x-codex-turn-state` there);
+    hop-by-hop and `Sec-WebSocket-*` names are refused, and a hook that fails refuses the
+    upgrade with 500.
     """
 
     def __init__(
@@ -122,6 +134,7 @@ class WebSocketModeMiddleware:
         access_log: bool = True,
         start_degraded: bool = False,
         enabled: bool = True,
+        handshake_headers: HandshakeHeaders | None = None,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
@@ -162,6 +175,7 @@ class WebSocketModeMiddleware:
             ("renderer", renderer),
             ("on_response", on_response),
             ("authenticate", authenticate),
+            ("handshake_headers", handshake_headers),
         )
         for name, hook in hooks:
             if hook is not None and not callable(hook):
@@ -183,6 +197,7 @@ class WebSocketModeMiddleware:
             principal_key=principal_key,
             shared_store=shared_store,
             steering=steering,
+            handshake_headers=handshake_headers,
             budget=MemoryBudget(limits.max_memory_bytes),
             observer=Observer(tracing=tracing, access_log=access_log),
         )
@@ -316,12 +331,24 @@ class WebSocketModeMiddleware:
         subprotocol = next(
             (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
         )
+        headers: list[tuple[bytes, bytes]] = []
+        hook = self.settings.handshake_headers
+        if hook is not None:
+            try:
+                headers = handshake_answer_headers(await call_hook(hook, scope, principal))
+            except Exception:
+                logger.exception("the handshake_headers hook failed; refusing the upgrade")
+                message = "The server failed to prepare the WebSocket handshake."
+                await self._refuse(scope, send, 500, "server_error", message)
+                return
         connection = Connection(self.settings, scope, receive, send)
         self._open.add(connection)
         self.stats.connections_open += 1
         self.stats.connections_total += 1
         try:
-            await connection.run(principal=principal, owner=owner, subprotocol=subprotocol)
+            await connection.run(
+                principal=principal, owner=owner, subprotocol=subprotocol, headers=headers
+            )
         finally:
             self._open.discard(connection)
             self.stats.connection_closed(connection.cache.evictions)

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._asgi import ASGIApp
+from ._asgi import ASGIApp, Scope
 from ._auth import Authenticator, PrincipalKey
 from ._budget import MemoryBudget
 from ._errors import ConfigError
@@ -26,6 +26,11 @@ CacheMiss = Literal["error", "forward"]
 #: Called after each finished response with its Turn and the terminal response object, off the
 #: path of the next turn (accounting, logging). May be a coroutine function.
 ResponseHook = Callable[[Turn, dict[str, Any]], Awaitable[None] | None]
+
+#: `handshake_headers(scope, principal)`: the headers of the handshake's answer (a mapping of
+#: names to values, `(name, value)` pairs, or None), from the socket's scope and the principal
+#: `authenticate` returned (None without it). May be a coroutine function.
+HandshakeHeaders = Callable[[Scope, Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class Settings:
     #: Whether `response.steer` is served (`ws_mode._steering`); False answers
     #: `steering_not_supported`.
     steering: bool = True
+    #: Sets headers on the handshake's answer (`websocket.accept`).
+    handshake_headers: HandshakeHeaders | None = None
     stats: Stats = field(default_factory=Stats)
     #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
     budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))

@@ -18,6 +18,7 @@ needs no watcher: the middleware cancels the call itself when the turn is abando
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -33,13 +34,17 @@ from .._tracing import inject_current
 from ._transport import Transport, UpstreamAnswer, transport_for
 from ._upstream import (
     DEFAULT_TIMEOUT,
+    HANDSHAKE_PROBE_SECONDS,
     REQUEST_DROPPED,
     UpstreamError,
     answer_headers,
     check_upstream,
+    handshake_headers,
     log_failure,
     public_url,
 )
+
+_logger = logging.getLogger("ws_mode.proxy")
 
 API_PREFIX: Final = "/v1"
 """The client path prefix an upstream URL with a path stands for."""
@@ -177,6 +182,39 @@ class ResponsesProxy:
         if self._owns_client and self._transport is not None:
             transport, self._transport = self._transport, None
             await transport.aclose()
+
+    # The handshake.
+
+    async def handshake_headers(
+        self, scope: Scope, principal: Any = None
+    ) -> list[tuple[bytes, bytes]]:
+        """The upstream's headers for a socket's handshake answer: a
+        ``WebSocketModeMiddleware(proxy, handshake_headers=proxy.handshake_headers)`` hook.
+
+        The upstream is asked once, with a ``HEAD`` request to the socket's path carrying the
+        client's handshake headers (as a turn would: its ``Authorization`` or the proxy's
+        ``api_key``, its ``x-codex-turn-state``, ``session_id``...); what it answers with
+        (``openai-*``, ``x-codex-*``, ``x-models-etag``, ``x-reasoning-included``) goes on the
+        handshake's answer, whatever its status. An upstream that does not answer within
+        ``HANDSHAKE_PROBE_SECONDS`` (5 s) or cannot be reached gives none: the socket opens,
+        and its first turn reports the failure. ``principal`` is unused.
+        """
+        url, headers = self._target(scope)
+        try:
+            async with asyncio.timeout(HANDSHAKE_PROBE_SECONDS):
+                answer = await self.transport.request("HEAD", url, headers, b"")
+                try:
+                    return handshake_headers(answer.headers)
+                finally:
+                    await answer.close()
+        except (UpstreamError, TimeoutError) as exc:
+            _logger.warning(
+                "the upstream did not answer a WebSocket handshake's probe (HEAD %s): %s; "
+                "the socket opens without its headers",
+                public_url(url),
+                type(exc).__name__,
+            )
+            return []
 
     # ASGI.
 

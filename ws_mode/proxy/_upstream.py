@@ -65,6 +65,26 @@ def public_url(url: str) -> str:
 
 # Headers and bodies.
 
+HANDSHAKE_PROBE_SECONDS: Final = 5.0
+"""How long a socket's handshake waits for the upstream's answer to its probe (``HEAD``) before
+it is accepted without the upstream's headers."""
+_HANDSHAKE_NAMES: Final = frozenset({b"x-models-etag", b"x-reasoning-included"})
+_HANDSHAKE_PREFIXES: Final = (b"openai-", b"x-codex-")
+
+
+def handshake_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers of the upstream's answer to a handshake's probe that go on the socket's
+    handshake answer: those a WebSocket mode client reads there (Codex: ``openai-model``,
+    ``x-models-etag``, ``x-reasoning-included``, ``x-codex-turn-state``), that is
+    ``x-models-etag``, ``x-reasoning-included`` and every ``openai-*`` and ``x-codex-*``.
+    The rest (the probe's own ``content-*``, ``allow``, cookies) describe the probe."""
+    kept: list[tuple[bytes, bytes]] = []
+    for name, value in raw:
+        lowered = bytes(name).lower()
+        if lowered in _HANDSHAKE_NAMES or lowered.startswith(_HANDSHAKE_PREFIXES):
+            kept.append((lowered, bytes(value)))
+    return kept
+
 
 def answer_headers(
     raw: Iterable[tuple[bytes, bytes]],

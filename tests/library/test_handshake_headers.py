@@ -1,0 +1,117 @@
+"""`handshake_headers`: headers the application sets on the handshake's answer.
+
+Two middlewares on one real server: a sync hook that reads the principal, and an async one
+that fails when asked to. A websockets client reads the upgrade's answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.types import Receive, Scope, Send
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.servers import serve
+from ws_mode import WebSocketModeMiddleware
+from ws_mode._errors import ConfigError
+from ws_mode._headers import handshake_answer_headers
+from ws_mode._hooks import is_async
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Nothing is asked of the handler here."""
+
+
+def who(scope: Scope) -> str:
+    return "alice"
+
+
+def sync_headers(scope: Scope, principal: Any) -> dict[str, str]:
+    turn_state = dict(scope["headers"]).get(b"x-codex-turn-state", b"ts-new").decode()
+    return {
+        "OpenAI-Model": "gpt-test",
+        "x-models-etag": "etag-1",
+        "x-reasoning-included": "true",
+        "x-codex-turn-state": turn_state,
+        "x-principal": principal,
+    }
+
+
+async def async_headers(scope: Scope, principal: Any) -> list[tuple[bytes, bytes]]:
+    if dict(scope["headers"]).get(b"x-break") == b"raise":
+        raise RuntimeError("the model catalogue is down")
+    if dict(scope["headers"]).get(b"x-break") == b"upgrade":
+        return [(b"upgrade", b"h2c")]
+    return [(b"openai-model", b"gpt-async"), (b"x-principal", repr(principal).encode())]
+
+
+@pytest.fixture(scope="module")
+def ws_url() -> Iterator[str]:
+    inner = WebSocketModeMiddleware(app, path="/async", handshake_headers=async_headers)
+    outer = WebSocketModeMiddleware(
+        inner, path="/sync", authenticate=who, handshake_headers=sync_headers
+    )
+    assert is_async(async_headers) and not is_async(sync_headers)
+    with serve(outer) as url:
+        yield url.replace("http", "ws", 1)
+
+
+def test_a_sync_hook_sets_headers_from_the_scope_and_the_principal(ws_url: str) -> None:
+    with connect(ws_url + "/sync", additional_headers={"x-codex-turn-state": "ts-7"}) as socket:
+        headers = socket.response.headers
+    assert headers["openai-model"] == "gpt-test"
+    assert headers["x-models-etag"] == "etag-1"
+    assert headers["x-reasoning-included"] == "true"
+    assert headers["x-codex-turn-state"] == "ts-7"
+    assert headers["x-principal"] == "alice"
+
+
+def test_an_async_hook_sets_them_too_and_without_authenticate_the_principal_is_none(
+    ws_url: str,
+) -> None:
+    with connect(ws_url + "/async") as socket:
+        headers = socket.response.headers
+    assert headers["openai-model"] == "gpt-async"
+    assert headers["x-principal"] == "None"
+
+
+@pytest.mark.parametrize("breaks", ["raise", "upgrade"])
+def test_a_failing_hook_or_a_refused_name_refuses_the_upgrade_with_500(
+    ws_url: str, breaks: str
+) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url + "/async", additional_headers={"x-break": breaks})
+    assert refused.value.response.status_code == 500
+    assert b"server_error" in refused.value.response.body
+
+
+def test_what_a_hook_may_return() -> None:
+    assert handshake_answer_headers(None) == []
+    assert handshake_answer_headers({"X-A": "1"}) == [(b"x-a", b"1")]
+    assert handshake_answer_headers([("x-a", b"1"), (b"x-b", "2")]) == [
+        (b"x-a", b"1"),
+        (b"x-b", b"2"),
+    ]
+    for refused in (
+        {"Connection": "close"},
+        {"Sec-WebSocket-Accept": "x"},
+        {"content-length": "0"},
+        {"transfer-encoding": "chunked"},
+        {"bad name": "1"},
+        {"x-a": "1\r\nx-b: 2"},
+        {"x-a": "\u2603"},
+        {"x-a": 1},
+        "x-a: 1",
+        [("x-a",)],
+        42,
+    ):
+        with pytest.raises(ValueError):
+            handshake_answer_headers(refused)
+
+
+def test_the_option_must_be_callable() -> None:
+    with pytest.raises(ConfigError, match="handshake_headers"):
+        WebSocketModeMiddleware(app, handshake_headers={"x-a": "1"})  # type: ignore[arg-type]
