@@ -137,5 +137,8 @@ def _latin1(part: object) -> bytes:
     if isinstance(part, bytes):
         return part
     if isinstance(part, str):
-        return part.encode("latin-1")  # UnicodeEncodeError is a ValueError
+        try:
+            return part.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ValueError(f"header names and values are Latin-1 text, got {part!r}.") from None
     raise ValueError(f"header names and values are str or bytes, got {type(part).__name__}.")

@@ -54,7 +54,8 @@ def ws_url() -> Iterator[str]:
     outer = WebSocketModeMiddleware(
         inner, path="/sync", authenticate=who, handshake_headers=sync_headers
     )
-    assert is_async(async_headers) and not is_async(sync_headers)
+    assert is_async(async_headers)
+    assert not is_async(sync_headers)
     with serve(outer) as url:
         yield url.replace("http", "ws", 1)
 
@@ -108,7 +109,7 @@ def test_what_a_hook_may_return() -> None:
         [("x-a",)],
         42,
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="header"):
             handshake_answer_headers(refused)
 
 

@@ -29,7 +29,7 @@ from ws_mode._limits import Limits
 from ws_mode._store import MemoryStore, ResponseStore, check_store
 from ws_mode.testing._loopback import UVICORN_WS, ws_max_size
 
-from ..args import port
+from ..args import number, port
 
 if TYPE_CHECKING:
     import uvicorn
@@ -44,6 +44,7 @@ __all__ = [
     "Requirements",
     "add_server_arguments",
     "check_store_works",
+    "limits_from_arguments",
     "run_server",
     "run_workers",
     "store_argument",
@@ -94,13 +95,18 @@ CLI_REQUIREMENTS: Final = Requirements(
 )
 
 
+#: A socket's lifetime in seconds, as ``--max-connection-seconds`` takes it.
+CONNECTION_SECONDS: Final = number(float, 0, strict=True)
+
+
 def add_server_arguments(
     parser: argparse.ArgumentParser, *, store_type: Callable[[str], Any] | None = None
 ) -> None:
     """The flags of a command that serves in the foreground: ``--host``, ``--port``,
-    ``--log-level``, ``--store``, ``--start-degraded``. ``--store`` gives a store
-    (:func:`store_from_argument`), or what ``store_type`` makes of its text
-    (:func:`store_argument` keeps the text)."""
+    ``--log-level``, ``--store``, ``--start-degraded``, and the :class:`Limits` fields the
+    commands expose (``--max-connection-seconds``; :func:`limits_from_arguments` reads them).
+    ``--store`` gives a store (:func:`store_from_argument`), or what ``store_type`` makes of
+    its text (:func:`store_argument` keeps the text)."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
@@ -130,6 +136,20 @@ def add_server_arguments(
         "named as one Redis...): a loud warning instead of an error; until the store works, "
         "continuations missing from a socket's cache fail and no response is kept",
     )
+    parser.add_argument(
+        "--max-connection-seconds",
+        type=CONNECTION_SECONDS,
+        default=Limits().max_connection_seconds,
+        metavar="S",
+        help="close each socket after this long: websocket_connection_limit_reached, then a "
+        "close with 1001 (default: %(default)g)",
+    )
+
+
+def limits_from_arguments(args: argparse.Namespace) -> Limits:
+    """The :class:`Limits` the flags of :func:`add_server_arguments` give (the others: their
+    defaults)."""
+    return Limits(max_connection_seconds=args.max_connection_seconds)
 
 
 def store_argument(text: str) -> str:

@@ -13,7 +13,6 @@ from typing import Any, Final
 
 from ws_mode._asgi import Scope
 from ws_mode._auth import AuthenticationFailed, bearer_token
-from ws_mode._limits import Limits
 from ws_mode._middleware import WebSocketModeMiddleware
 
 from ..args import number
@@ -24,6 +23,7 @@ from .common import (
     Requirements,
     add_server_arguments,
     check_store_works,
+    limits_from_arguments,
     run_server,
     store_argument,
     store_from_argument,
@@ -89,6 +89,15 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=600.0,
         help="seconds to wait for the upstream on each read (default: %(default)g)",
     )
+    proxy.add_argument(
+        "--no-upstream-handshake",
+        dest="upstream_handshake",
+        action="store_false",
+        help="open sockets without asking the upstream for its handshake headers (by default "
+        "each handshake sends the upstream a HEAD with the client's headers, and its "
+        "openai-*, x-codex-*, x-models-etag and x-reasoning-included headers go on the "
+        "handshake's answer)",
+    )
     add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
@@ -109,7 +118,7 @@ def _proxy(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
-    limits = Limits()
+    limits = limits_from_arguments(args)
     scoping, stored = _store_scoping(args, api_key)
     check_store_works(args.store, start_degraded=args.start_degraded)
     app = WebSocketModeMiddleware(
@@ -119,6 +128,7 @@ def _proxy(args: argparse.Namespace) -> int:
         limits=limits,
         store=store_from_argument(args.store) if args.store else None,
         start_degraded=args.start_degraded,
+        handshake_headers=upstream.handshake_headers if args.upstream_handshake else None,
         **scoping,
     )
     auth = "the configured key" if api_key else "the client's Authorization"

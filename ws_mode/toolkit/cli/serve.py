@@ -30,11 +30,13 @@ from ws_mode._store import ResponseStore
 from ..args import number
 from .common import (
     API_PATH,
+    CONNECTION_SECONDS,
     PROG,
     add_server_arguments,
     check_store_works,
     configure_logging,
     is_redis_url,
+    limits_from_arguments,
     run_server,
     run_workers,
     show_access_log,
@@ -60,7 +62,6 @@ APP_FACTORY: Final = "ws_mode.toolkit.cli.serve:app_from_environment"
 
 _TOOL_CALLS = number(int, 0)
 _TOKENS_PER_SECOND = number(float, 0)
-_LIFETIME = number(float, 0, strict=True)
 _FULL_CONTEXT: tuple[str, ...] = get_args(FullContext)
 
 
@@ -105,7 +106,7 @@ class ServeSettings:
             tool_calls=_variable(environ, "tool_calls", _TOOL_CALLS),
             tokens_per_second=_variable(environ, "tokens_per_second", _TOKENS_PER_SECOND),
             full_context=_variable(environ, "full_context", _full_context),
-            max_connection_seconds=_variable(environ, "max_connection_seconds", _LIFETIME),
+            max_connection_seconds=_variable(environ, "max_connection_seconds", CONNECTION_SECONDS),
             store=_variable(environ, "store", store_argument),
             start_degraded=_variable(environ, "start_degraded", _flag),
         )
@@ -195,12 +196,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="simulated generation speed, 0 for no delay (default: %(default)g)",
     )
     serve.add_argument(
-        "--max-connection-seconds",
-        type=_LIFETIME,
-        default=DEFAULTS.max_connection_seconds,
-        help="close each socket after this long (default: %(default)g)",
-    )
-    serve.add_argument(
         "--workers",
         type=number(int, 1),
         default=1,
@@ -268,7 +263,7 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     settings = ServeSettings.from_arguments(args)
-    limits = Limits(max_connection_seconds=settings.max_connection_seconds)
+    limits = limits_from_arguments(args)
     workers: int = args.workers
     if workers > 1 and not (settings.store and is_redis_url(settings.store)):
         parser.print_usage(sys.stderr)
