@@ -55,6 +55,7 @@ async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
         {"error": {"type": "requests", "code": "rate_limit_exceeded", "message": "Wait."}}
     ).encode()
     headers = [(b"content-type", b"application/json")]
+    headers += [(b"x-codex-turn-state", asked.get(b"x-codex-turn-state", b"none"))]
     headers += [(name.encode(), value.encode()) for name, value in RATE_LIMITS.items()]
     headers += [(name.encode(), value.encode()) for name, value in WITHHELD.items()]
     await send({"type": "http.response.start", "status": 429, "headers": headers})
@@ -85,6 +86,14 @@ def test_the_upstreams_handshake_headers_reach_the_upgrades_answer(proxy_url: st
         assert socket.response.headers["x-codex-turn-state"] == "ts-new"
 
 
+def test_the_turns_of_a_socket_carry_the_turn_state_the_client_sent(proxy_url: str) -> None:
+    ws_url = proxy_url.replace("http", "ws", 1) + "/v1/responses"
+    with connect(ws_url, additional_headers={"x-codex-turn-state": "ts-client"}) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": "m", "input": "hi"}))
+        event = json.loads(socket.recv(timeout=10))
+    assert event["error"]["headers"]["x-codex-turn-state"] == "ts-client"
+
+
 def test_an_upstream_429_reaches_the_socket_with_its_rate_limits(proxy_url: str) -> None:
     with connect(proxy_url.replace("http", "ws", 1) + "/v1/responses") as socket:
         socket.send(json.dumps({"type": "response.create", "model": "m", "input": "hi"}))
@@ -92,8 +101,9 @@ def test_an_upstream_429_reaches_the_socket_with_its_rate_limits(proxy_url: str)
     assert event["type"] == "error"
     assert event["status"] == 429
     assert event["error"]["code"] == "rate_limit_exceeded"
-    assert event["error"]["headers"] == RATE_LIMITS
-    assert event["headers"] == RATE_LIMITS
+    # The turn carried the turn-state the upstream issued at the handshake.
+    assert event["error"]["headers"] == {**RATE_LIMITS, "x-codex-turn-state": "ts-new"}
+    assert event["headers"] == event["error"]["headers"]
 
 
 def test_the_openai_sdk_reads_the_upstreams_rate_limits(proxy_url: str) -> None:
@@ -103,12 +113,13 @@ def test_the_openai_sdk_reads_the_upstreams_rate_limits(proxy_url: str) -> None:
         event = sdk_recv(connection)
     assert isinstance(event, ResponseWsError)
     assert event.status == 429
-    assert event.error.headers == RATE_LIMITS
+    assert event.error.headers == {**RATE_LIMITS, "x-codex-turn-state": "ts-new"}
 
 
 def test_plain_http_keeps_every_end_to_end_header(proxy_url: str) -> None:
     answer = httpx.post(proxy_url + "/v1/responses", json={"model": "m", "input": "hi"})
     assert answer.status_code == 429
+    assert answer.headers["x-codex-turn-state"] == "none"
     for name, value in {**RATE_LIMITS, **WITHHELD}.items():
         assert answer.headers[name] == value
 

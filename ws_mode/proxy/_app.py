@@ -50,6 +50,9 @@ API_PREFIX: Final = "/v1"
 """The client path prefix an upstream URL with a path stands for."""
 _SAFE_PATH: Final = "/:@!$&'()*+,;=~"
 _IDENTITY: Final = (b"accept-encoding", b"identity")
+#: Codex's sticky-routing token: issued on a handshake's (or a turn's) answer, sent back on the
+#: requests that follow.
+_TURN_STATE: Final = b"x-codex-turn-state"
 _EVENT_BOUNDARIES: Final = (b"\n\n", b"\r\r", b"\r\n\r\n")
 
 
@@ -195,16 +198,19 @@ class ResponsesProxy:
         client's handshake headers (as a turn would: its ``Authorization`` or the proxy's
         ``api_key``, its ``x-codex-turn-state``, ``session_id``...); what it answers with
         (``openai-*``, ``x-codex-*``, ``x-models-etag``, ``x-reasoning-included``) goes on the
-        handshake's answer, whatever its status. An upstream that does not answer within
-        ``HANDSHAKE_PROBE_SECONDS`` (5 s) or cannot be reached gives none: the socket opens,
-        and its first turn reports the failure. ``principal`` is unused.
+        handshake's answer, whatever its status. A sticky-routing token the upstream issues
+        there (``x-codex-turn-state``, when the client sent none) is added to the socket's
+        scope too, so every turn of the socket carries it upstream, as Codex's own requests
+        would. An upstream that does not answer within ``HANDSHAKE_PROBE_SECONDS`` (5 s) or
+        cannot be reached gives none: the socket opens, and its first turn reports the
+        failure. ``principal`` is unused.
         """
         url, headers = self._target(scope)
         try:
             async with asyncio.timeout(HANDSHAKE_PROBE_SECONDS):
                 answer = await self.transport.request("HEAD", url, headers, b"")
                 try:
-                    return handshake_headers(answer.headers)
+                    kept = handshake_headers(answer.headers)
                 finally:
                     await answer.close()
         except (UpstreamError, TimeoutError) as exc:
@@ -215,6 +221,10 @@ class ResponsesProxy:
                 type(exc).__name__,
             )
             return []
+        issued = [(name, value) for name, value in kept if name == _TURN_STATE]
+        if issued and header(scope, _TURN_STATE) is None:
+            scope["headers"] = [*scope.get("headers", ()), issued[0]]
+        return kept
 
     # ASGI.
 
