@@ -5,6 +5,10 @@ Where a request goes (:meth:`ResponsesProxy.url_for`), the headers that cross, a
 failures reach the client are described in ``docs/proxy.md``; the upstream side of it is
 :mod:`ws_mode.proxy._upstream`, the HTTP clients :mod:`ws_mode.proxy._transport`.
 
+At a socket's handshake, :meth:`ResponsesProxy.handshake_headers` (the middleware's
+``handshake_headers`` hook) asks the upstream with a ``HEAD`` for the headers a WebSocket mode
+client reads on the upgrade's answer.
+
 The upstream request carries the current OpenTelemetry trace context (``traceparent``, when
 opentelemetry-api is installed and a span is current: a middleware turn's, or the application's
 own instrumentation's), so the upstream's spans join the trace.
