@@ -15,7 +15,7 @@ from ._cache import CachedResponse
 from ._errors import ConfigError, WSModeError
 from ._limits import Limits
 from ._middleware import WebSocketModeMiddleware, find_middlewares
-from ._settings import FullContext, ResponseHook
+from ._settings import FullContext, HandshakeHeaders, ResponseHook
 from ._stats import Stats
 from ._store import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
 from ._tokens import Renderer, Tokens
@@ -27,6 +27,7 @@ __all__ = [
     "CachedResponse",
     "ConfigError",
     "FullContext",
+    "HandshakeHeaders",
     "Limits",
     "MemoryStore",
     "PrincipalKey",

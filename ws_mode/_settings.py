@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,7 +30,8 @@ ResponseHook = Callable[[Turn, dict[str, Any]], Awaitable[None] | None]
 #: `handshake_headers(scope, principal)`: the headers of the handshake's answer (a mapping of
 #: names to values, `(name, value)` pairs, or None), from the socket's scope and the principal
 #: `authenticate` returned (None without it). May be a coroutine function.
-HandshakeHeaders = Callable[[Scope, Any], Any]
+HeaderValues = Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[str | bytes, str | bytes]]
+HandshakeHeaders = Callable[[Scope, Any], Awaitable[HeaderValues | None] | HeaderValues | None]
 
 
 @dataclass(frozen=True, slots=True)
