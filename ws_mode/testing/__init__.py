@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ._check import CheckOptions, CompatibilityCheck, check_conversation
+from ._check import CheckOptions, CompatibilityCheck, SDKValidationWarning, check_conversation
 from ._program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
@@ -44,10 +44,11 @@ from ._program import (
     Conversation,
     InputForm,
     Step,
+    WrongInput,
     conversations,
 )
 from ._recorder import RecordedCall
-from ._report import CompatibilityError, Report, TurnReport
+from ._report import CompatibilityError, Coverage, NondeterminismError, Report, TurnReport
 
 # The fixture: at once under pytest (for `pytest_plugins = ["ws_mode.testing"]`), on first use
 # elsewhere, so a program that only needs the kit's socket client or server runner (the
@@ -76,11 +77,15 @@ __all__ = [
     "CompatibilityChecks",
     "CompatibilityError",
     "Conversation",
+    "Coverage",
     "InputForm",
+    "NondeterminismError",
     "RecordedCall",
     "Report",
+    "SDKValidationWarning",
     "Step",
     "TurnReport",
+    "WrongInput",
     "check_conversation",
     "conversations",
     "ws_mode_check",

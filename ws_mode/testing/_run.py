@@ -10,19 +10,29 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.exceptions import InvalidHandshake
 
 from .._protocol import SUCCESS_EVENTS
 from .._settings import FullContext
+from ._answers import IDS, Answer, difference, http_answer, same, socket_answer
 from ._client import FrameError, SocketClosed, SyncSocket, connect, socket_url
 from ._diff import short
-from ._expected import Node, check_calls, plan_turn
+from ._expected import UNKNOWN_CALL_ID, Node, Plan, check_calls, plan_turn
 from ._program import Step
-from ._recorder import Recorder
-from ._report import CompatibilityError, Report, TurnFailed, TurnReport, turn_line
+from ._recorder import RecordedCall, Recorder
+from ._report import (
+    NONDETERMINISM_HINT,
+    CompatibilityError,
+    NondeterminismError,
+    NotDeterministic,
+    Report,
+    TurnFailed,
+    TurnReport,
+    turn_line,
+)
 from ._validation import check_events, check_type, error_code, frame_failure
 
 
@@ -36,6 +46,16 @@ class RunOptions:
     validate_output: bool
     #: The middleware's `full_context`, when the kit knows it.
     mode: FullContext | None
+    strict: bool = False
+    compare_answers: bool = True
+    #: Fields left out of the answer comparison: ids, and those the handler randomizes.
+    ignored: frozenset[str] = IDS
+    require_history: bool = False
+    #: Where plain HTTP reaches the handler, and the headers it needs (the handshake's).
+    http_path: str = "/v1/responses"
+    http_headers: Mapping[str, str] = field(default_factory=dict)
+    #: Whether the openai SDK's models validate output items in this run.
+    sdk_validated: bool = False
 
 
 def run_program(
@@ -55,7 +75,7 @@ def run_program(
         url = socket_url(base_url, path)
         raise CompatibilityError(f"the server refused the socket at {url}: {exc}") from None
     with socket:
-        return ProgramRun(options, recorder, socket, token, tuple(steps)).run()
+        return ProgramRun(options, recorder, socket, token, tuple(steps), base_url).run()
 
 
 class ProgramRun:
@@ -68,7 +88,9 @@ class ProgramRun:
         socket: SyncSocket,
         token: str,
         steps: tuple[Step, ...],
+        base_url: str = "",
     ) -> None:
+        self.base_url = base_url
         self.options = options
         self.recorder = recorder
         self.socket = socket
@@ -97,7 +119,7 @@ class ProgramRun:
                 )
         except TurnFailed as failure:
             raise self._error(failure) from None
-        return Report(self.turns)
+        return Report(self.turns, sdk_validated=self.options.sdk_validated)
 
     def _turn(self, index: int, step: Step) -> TurnReport:
         plan = plan_turn(step, self.nodes)
@@ -113,10 +135,12 @@ class ProgramRun:
             plan.request,
             events,
             earlier={node.id: node.turn for node in self.nodes},
-            allow_errors=self.options.allow_errors,
+            allow_errors=self.options.allow_errors or plan.wrong is not None,
             validate_output=self.options.validate_output,
+            strict=self.options.strict,
         )
         self._barrier()
+        compared = self._check_answer(step, plan, socket_answer(events, output), calls)
         if events[-1]["type"] in SUCCESS_EVENTS and response is not None:
             self.nodes.append(Node(str(response["id"]), step.lane, plan.context, output, index))
         elif (
@@ -130,7 +154,110 @@ class ProgramRun:
             # A failed continuation on the parent's own lane drops the parent
             # (docs/protocol.md, "Conversation state").
             plan.parent.evicted = True
-        return TurnReport(index, step, plan.request, events, response, output, plan.context, calls)
+        return TurnReport(
+            index,
+            step,
+            plan.request,
+            events,
+            response,
+            output,
+            plan.context,
+            calls,
+            wrong=plan.wrong,
+            compared=compared,
+        )
+
+    # The answer, compared with HTTP's.
+
+    def _check_answer(
+        self, step: Step, plan: Plan, socket: Answer, calls: list[RecordedCall]
+    ) -> bool:
+        """Check the turn's answer against the same conversation over HTTP with the full
+        history; return whether it was compared. Wrong input must be refused as HTTP refuses
+        it, and an output for an unknown call refused in any case (the API answers 400)."""
+        if not step.generate:
+            return False  # a warm-up has no HTTP counterpart
+        if plan.wrong == "unknown_call" and not socket.refused:
+            raise TurnFailed(
+                "the socket accepted a function_call_output whose call_id matches no call "
+                "(the API refuses it: 400, 'No tool call found for function call output')",
+                f"call_id {UNKNOWN_CALL_ID!r}; the socket answered {socket.describe()}",
+            )
+        if not self.options.compare_answers or (not calls and plan.wrong is None):
+            return False  # not asked to, or ws_mode refused the turn before the handler
+        over_http = self._ask(plan.http_request())
+        if plan.wrong == "unknown_call" and not over_http.refused:
+            raise TurnFailed(
+                "the handler accepted a function_call_output whose call_id matches no call "
+                "over plain HTTP too (the API refuses it: 400, 'No tool call found for "
+                "function call output')",
+                f"call_id {UNKNOWN_CALL_ID!r}; HTTP answered {over_http.describe()}",
+            )
+        ignored = self.options.ignored
+        if not same(over_http, socket, ignored):
+            self._differs(plan, over_http, socket)
+        if (
+            self.options.require_history
+            and plan.wrong is None
+            and plan.request.get("previous_response_id") is not None
+            and not over_http.refused
+        ):
+            alone = self._ask(plan.http_request(history=False))
+            if same(alone, over_http, ignored):
+                raise TurnFailed(
+                    "the handler's answer does not depend on the earlier turns "
+                    "(require_history=True): over HTTP, the new input alone gets the same "
+                    "answer as the whole history",
+                    f"both answered {over_http.describe()}; "
+                    f"the history holds {len(plan.context)} items",
+                )
+        return True
+
+    def _differs(self, plan: Plan, over_http: Answer, socket: Answer) -> None:
+        """The socket's answer differs from HTTP's: ask HTTP twice more to tell a handler
+        that is not deterministic from one that answers the socket differently."""
+        ignored = self.options.ignored
+        again = [self._ask(plan.http_request()) for _ in range(2)]
+        if any(
+            same(answer, socket, ignored) or not same(answer, over_http, ignored)
+            for answer in again
+        ):
+            answers = "; ".join(answer.describe() for answer in [over_http, *again])
+            raise NotDeterministic(
+                "the handler is not deterministic: it answered the same request differently "
+                "from one call to the next, so its socket answers cannot be compared with HTTP's",
+                f"the socket answered {socket.describe()}; HTTP answered {answers}\n"
+                + NONDETERMINISM_HINT,
+            )
+        hint = ""
+        if plan.wrong is not None:
+            hint = f"\nthe turn sent wrong input ({plan.wrong}): answer it as HTTP does"
+        elif self.options.mode == "on_miss" and plan.request.get("previous_response_id"):
+            hint = (
+                "\nfull_context='on_miss': on a cache hit the body holds only the new input; "
+                "a cache-aware handler must read the history from ws_mode.turn(request)"
+            )
+        raise TurnFailed(
+            "the socket's answer differs from HTTP's for the same conversation with the full "
+            "history (HTTP answered the same way 3 times)",
+            difference(over_http, socket, ignored) + hint,
+        )
+
+    def _ask(self, body: dict[str, Any]) -> Answer:
+        """The handler's answer to `body` over plain HTTP."""
+        try:
+            return http_answer(
+                self.base_url,
+                self.options.http_path,
+                self.options.http_headers,
+                body,
+                self.options.turn_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise TurnFailed(
+                f"the HTTP request the answer is compared with failed: {exc!r}",
+                "sent: " + short(body, 400),
+            ) from None
 
     def _receive(self) -> list[dict[str, Any]]:
         """The turn's events, up to its terminal event."""
@@ -196,7 +323,8 @@ class ProgramRun:
         if earlier:
             lines.append("earlier turns:")
             lines.extend("  " + turn_line(report) for report in earlier)
-        return CompatibilityError(
+        kind = NondeterminismError if isinstance(failure, NotDeterministic) else CompatibilityError
+        return kind(
             failure.problem,
             turn=index,
             step=step,
