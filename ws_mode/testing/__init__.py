@@ -16,12 +16,15 @@ Run it against your own app before switching WebSocket mode on::
 fixture) or `CompatibilityCheck` / `check_conversation` serve the app behind
 `WebSocketModeMiddleware` under a real server, drive each program over a real socket, and
 raise `CompatibilityError` at the first turn where the handler did not receive what an HTTP
-client with the full history would have sent, or the client did not receive a protocol-valid
-event stream. See docs/testing.md.
+client with the full history would have sent, the client did not receive a protocol-valid
+event stream, or the answer differs from the one that HTTP client gets (wrong input included:
+an output for an unknown call must be refused). A passing check's `coverage` tells what it
+covered. See docs/testing.md.
 
 Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
 client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
-**openai** SDK, when installed, validates output items. They are test dependencies (the
+**openai** SDK, when installed, validates output items (a `SDKValidationWarning` says when
+it is not). They are test dependencies (the
 `testing` extra: `pip install ".[testing]"` in a clone of ws_mode); they are imported when
 used, so registering the pytest plugin costs nothing where they are missing.
 

@@ -19,6 +19,7 @@ from ws_mode.testing import (
     CompatibilityCheck,
     CompatibilityError,
     NondeterminismError,
+    SDKValidationWarning,
     Step,
     check_conversation,
 )
@@ -195,3 +196,34 @@ def test_a_url_is_refused_with_a_clear_message() -> None:
         CompatibilityCheck(reference(), ignore_fields="text")
     with pytest.raises(ValueError, match="require_history needs compare_answers"):
         CompatibilityCheck(reference(), require_history=True, compare_answers=False)
+
+
+# What a run covered.
+
+
+def test_a_check_counts_what_its_passing_programs_covered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """And says when the openai SDK's models could not validate output, in a warning and in
+    the summary."""
+    monkeypatch.setattr("ws_mode.testing._validation._sdk_item_models", lambda: None)
+    check = CompatibilityCheck(model_app())
+    with pytest.warns(SDKValidationWarning, match="openai SDK is not installed"):
+        check.start()
+    with check:
+        check.run([Step("fresh", lane="main"), Step("continue", wrong="unknown_call")])
+        check.run([Step("fresh"), Step("recover", generate=False, form="empty")])
+    coverage = check.coverage
+    assert (coverage.programs, coverage.turns, coverage.compared) == (2, 4, 3)
+    assert coverage.lanes == {"'main'", "default"}
+    assert coverage.steps == {"fresh": 2, "continue": 1, "warm-up": 1}
+    assert coverage.wrong_inputs == {"unknown_call": 1}
+    assert check.summary().splitlines() == [
+        "2 programs passed, 4 turns on 2 lanes ('main', default)",
+        "steps: 1 continue, 2 fresh, 1 warm-up",
+        "wrong-input turns: 1 in 1 programs (1 unknown_call)",
+        "answers compared with HTTP's: 3",
+        "output items validated with the openai SDK's models: NO: the openai SDK is not "
+        "installed (pip install openai)",
+        "strict event fields: off",
+    ]
