@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import Phase, find, settings
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
@@ -18,10 +19,12 @@ from ws_mode import turn
 from ws_mode.testing import (
     CompatibilityCheck,
     CompatibilityError,
+    Conversation,
     NondeterminismError,
     SDKValidationWarning,
     Step,
     check_conversation,
+    conversations,
 )
 from ws_mode.testing._answers import IDS, Answer, difference, same
 
@@ -227,3 +230,28 @@ def test_a_check_counts_what_its_passing_programs_covered(
         "installed (pip install openai)",
         "strict event fields: off",
     ]
+
+
+@pytest.mark.parametrize(
+    ("app", "options", "expected"),
+    [
+        (model_app(read_turn=False), {"full_context": "on_miss"}, "differs from HTTP's"),
+        (model_app(refuse_unknown_calls=False), {}, "matches no call"),
+        (model_app(last_item_only=True), {"require_history": True}, "does not depend"),
+    ],
+    ids=["on-miss-without-turn", "unknown-call-accepted", "last-item-only"],
+)
+def test_random_programs_find_the_bugs(app: Any, options: Any, expected: str) -> None:
+    """As a server author runs the kit: hypothesis's programs find each bug."""
+
+    def fails(program: Conversation) -> bool:
+        try:
+            check.run(program)
+        except CompatibilityError as error:
+            return expected in error.problem
+        return False
+
+    with CompatibilityCheck(app, **options) as check:
+        # Found, not shrunk: shrinking reruns many programs.
+        quick = settings(max_examples=100, database=None, phases=[Phase.generate])
+        find(conversations(), fails, settings=quick)
