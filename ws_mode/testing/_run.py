@@ -21,6 +21,7 @@ from ._answers import IDS, Answer, difference, http_answer, same, socket_answer
 from ._client import FrameError, SocketClosed, SyncSocket, connect, socket_url
 from ._diff import short
 from ._expected import UNKNOWN_CALL_ID, Node, Plan, check_calls, plan_turn
+from ._items import as_items
 from ._program import Step
 from ._recorder import RecordedCall, Recorder
 from ._report import (
@@ -200,6 +201,7 @@ class ProgramRun:
             self.options.require_history
             and plan.wrong is None
             and plan.request.get("previous_response_id") is not None
+            and len(plan.context) > len(as_items(plan.request["input"]))  # there is history
             and not over_http.refused
         ):
             alone = self._ask(plan.http_request(history=False))
