@@ -120,7 +120,9 @@ def pytest_runtest_makereport(
     deterministic, how to handle it, and the first failure."""
     report = yield
     error = call.excinfo.value if call.excinfo is not None else None
-    if report.failed and type(error).__name__ == "FlakyFailure":
+    # FlakyFailure, an exception group, or an older hypothesis's Flaky (by name: importing
+    # hypothesis here would cost every session that loads the plugin).
+    if report.failed and type(error).__name__ in ("FlakyFailure", "Flaky"):
         found = _compatibility_error(error)
         if found is not None:
             report.longrepr = (
@@ -135,12 +137,14 @@ def pytest_runtest_makereport(
 
 
 def _compatibility_error(error: BaseException | None) -> CompatibilityError | None:
-    """The first `CompatibilityError` in `error`, an exception group, or None."""
-    if isinstance(error, CompatibilityError):
+    """The first `CompatibilityError` in `error`, an exception group, or its cause, or None."""
+    if error is None or isinstance(error, CompatibilityError):
         return error
+    inner: list[BaseException | None] = [error.__cause__]
     if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = _compatibility_error(inner)
-            if found is not None:
-                return found
+        inner[:0] = error.exceptions
+    for candidate in inner:
+        found = _compatibility_error(candidate)
+        if found is not None:
+            return found
     return None

@@ -7,6 +7,7 @@ import pytest
 
 from tests.library.testing.apps import PROGRAM
 from ws_mode.testing import CompatibilityChecks, CompatibilityError
+from ws_mode.testing._plugin import _compatibility_error
 
 # The kit's fixture, loaded the way a user's project without the entry point loads it.
 pytest_plugins = ["pytester", "ws_mode.testing"]
@@ -88,3 +89,13 @@ def test_the_plugin_loads_with_pytest_plugins(pytester: pytest.Pytester) -> None
         ]
     )
     assert "Traceback" not in result.stdout.str().split("test_flaky")[-1]
+
+
+def test_the_compatibility_error_is_found_in_a_flaky_failure() -> None:
+    error = CompatibilityError("a problem")
+    nested = ExceptionGroup("flaky", [ValueError("x"), ExceptionGroup("inner", [error])])
+    assert _compatibility_error(nested) is error
+    caused = RuntimeError("flaky")
+    caused.__cause__ = error
+    assert _compatibility_error(caused) is error
+    assert _compatibility_error(ExceptionGroup("flaky", [ValueError("x")])) is None
