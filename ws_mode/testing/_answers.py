@@ -1,5 +1,6 @@
 """The answers side of the comparison: what a turn answered over the socket, what the same
-conversation answers over plain HTTP with the full history, and how two answers differ.
+conversation answers over plain HTTP with the full history, how two answers differ, and the
+check of each turn's answer (`AnswerCheck`).
 
 An answer is its class (a response with its terminal status, or an error with its HTTP status)
 and its output items. Ids differ legitimately between two calls (a response's, an item's, a
@@ -11,15 +12,19 @@ from __future__ import annotations
 
 import http.client
 import urllib.parse
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from .._protocol import TERMINAL_EVENT_BY_STATUS
+from .._settings import FullContext
 from ._diff import short
-from ._items import Item
+from ._expected import UNKNOWN_CALL_ID, Plan
+from ._items import Item, as_items
+from ._program import Step
+from ._report import NONDETERMINISM_HINT, NotDeterministic, TurnFailed
 
 #: Fields of output items that legitimately differ from one call to the next.
 IDS = frozenset({"id", "call_id"})
@@ -167,3 +172,97 @@ def difference(expected: Answer, received: Answer, ignored: Collection[str]) -> 
             return "\n".join(lines)
     lines.append(f"HTTP's output has {len(over_http)} items, the socket's {len(socket)}")
     return "\n".join(lines)
+
+
+class AnswerCheck:
+    """Checks each turn's answer against the same conversation over plain HTTP with the full
+    history, asked through `ask`. `compare` (else only an unknown call's output must be
+    refused), `ignored` (fields left out), `require_history` and `mode` (the middleware's
+    `full_context`, for hints) are the check's options."""
+
+    def __init__(
+        self,
+        ask: Callable[[dict[str, Any]], Answer],
+        *,
+        compare: bool,
+        ignored: Collection[str],
+        require_history: bool,
+        mode: FullContext | None,
+    ) -> None:
+        self.ask = ask
+        self.compare = compare
+        self.ignored = ignored
+        self.require_history = require_history
+        self.mode = mode
+
+    def check(self, step: Step, plan: Plan, socket: Answer, handler_called: bool) -> bool:
+        """Raise `TurnFailed` unless the turn's `socket` answer is HTTP's; return whether it
+        was compared. Wrong input must be answered as HTTP answers it, and an output for an
+        unknown call refused in any case (the API answers 400). A turn ws_mode refused before
+        calling the handler (`handler_called` false) has no HTTP counterpart."""
+        if not step.generate:
+            return False  # a warm-up has no HTTP counterpart
+        if plan.wrong == "unknown_call" and not socket.refused:
+            raise TurnFailed(
+                "the socket accepted a function_call_output whose call_id matches no call "
+                "(the API refuses it: 400, 'No tool call found for function call output')",
+                f"call_id {UNKNOWN_CALL_ID!r}; the socket answered {socket.describe()}",
+            )
+        if not self.compare or (not handler_called and plan.wrong is None):
+            return False
+        over_http = self.ask(plan.http_request())
+        if plan.wrong == "unknown_call" and not over_http.refused:
+            raise TurnFailed(
+                "the handler accepted a function_call_output whose call_id matches no call "
+                "over plain HTTP too (the API refuses it: 400, 'No tool call found for "
+                "function call output')",
+                f"call_id {UNKNOWN_CALL_ID!r}; HTTP answered {over_http.describe()}",
+            )
+        if not same(over_http, socket, self.ignored):
+            self._differs(plan, over_http, socket)
+        if (
+            self.require_history
+            and plan.wrong is None
+            and plan.request.get("previous_response_id") is not None
+            and len(plan.context) > len(as_items(plan.request["input"]))  # there is history
+            and not over_http.refused
+        ):
+            alone = self.ask(plan.http_request(history=False))
+            if same(alone, over_http, self.ignored):
+                raise TurnFailed(
+                    "the handler's answer does not depend on the earlier turns "
+                    "(require_history=True): over HTTP, the new input alone gets the same "
+                    "answer as the whole history",
+                    f"both answered {over_http.describe()}; "
+                    f"the history holds {len(plan.context)} items",
+                )
+        return True
+
+    def _differs(self, plan: Plan, over_http: Answer, socket: Answer) -> None:
+        """The socket's answer differs from HTTP's: ask HTTP twice more to tell a handler
+        that is not deterministic from one that answers the socket differently."""
+        again = [self.ask(plan.http_request()) for _ in range(2)]
+        if any(
+            same(answer, socket, self.ignored) or not same(answer, over_http, self.ignored)
+            for answer in again
+        ):
+            answers = "; ".join(answer.describe() for answer in [over_http, *again])
+            raise NotDeterministic(
+                "the handler is not deterministic: it answered the same request differently "
+                "from one call to the next, so its socket answers cannot be compared with HTTP's",
+                f"the socket answered {socket.describe()}; HTTP answered {answers}\n"
+                + NONDETERMINISM_HINT,
+            )
+        hint = ""
+        if plan.wrong is not None:
+            hint = f"\nthe turn sent wrong input ({plan.wrong}): answer it as HTTP does"
+        elif self.mode == "on_miss" and plan.request.get("previous_response_id"):
+            hint = (
+                "\nfull_context='on_miss': on a cache hit the body holds only the new input; "
+                "a cache-aware handler must read the history from ws_mode.turn(request)"
+            )
+        raise TurnFailed(
+            "the socket's answer differs from HTTP's for the same conversation with the full "
+            "history (HTTP answered the same way 3 times)",
+            difference(over_http, socket, self.ignored) + hint,
+        )

@@ -17,15 +17,13 @@ from websockets.exceptions import InvalidHandshake
 
 from .._protocol import SUCCESS_EVENTS
 from .._settings import FullContext
-from ._answers import IDS, Answer, difference, http_answer, same, socket_answer
+from ._answers import IDS, Answer, AnswerCheck, http_answer, socket_answer
 from ._client import FrameError, SocketClosed, SyncSocket, connect, socket_url
 from ._diff import short
-from ._expected import UNKNOWN_CALL_ID, Node, Plan, check_calls, plan_turn
-from ._items import as_items
+from ._expected import Node, check_calls, plan_turn
 from ._program import Step
-from ._recorder import RecordedCall, Recorder
+from ._recorder import Recorder
 from ._report import (
-    NONDETERMINISM_HINT,
     CompatibilityError,
     NondeterminismError,
     NotDeterministic,
@@ -93,6 +91,13 @@ class ProgramRun:
     ) -> None:
         self.base_url = base_url
         self.options = options
+        self.answers = AnswerCheck(
+            self._ask,
+            compare=options.compare_answers,
+            ignored=options.ignored,
+            require_history=options.require_history,
+            mode=options.mode,
+        )
         self.recorder = recorder
         self.socket = socket
         self.token = token
@@ -141,7 +146,7 @@ class ProgramRun:
             strict=self.options.strict,
         )
         self._barrier()
-        compared = self._check_answer(step, plan, socket_answer(events, output), calls)
+        compared = self.answers.check(step, plan, socket_answer(events, output), bool(calls))
         if events[-1]["type"] in SUCCESS_EVENTS and response is not None:
             self.nodes.append(Node(str(response["id"]), step.lane, plan.context, output, index))
         elif (
@@ -168,92 +173,12 @@ class ProgramRun:
             compared=compared,
         )
 
-    # The answer, compared with HTTP's.
-
-    def _check_answer(
-        self, step: Step, plan: Plan, socket: Answer, calls: list[RecordedCall]
-    ) -> bool:
-        """Check the turn's answer against the same conversation over HTTP with the full
-        history; return whether it was compared. Wrong input must be refused as HTTP refuses
-        it, and an output for an unknown call refused in any case (the API answers 400)."""
-        if not step.generate:
-            return False  # a warm-up has no HTTP counterpart
-        if plan.wrong == "unknown_call" and not socket.refused:
-            raise TurnFailed(
-                "the socket accepted a function_call_output whose call_id matches no call "
-                "(the API refuses it: 400, 'No tool call found for function call output')",
-                f"call_id {UNKNOWN_CALL_ID!r}; the socket answered {socket.describe()}",
-            )
-        if not self.options.compare_answers or (not calls and plan.wrong is None):
-            return False  # not asked to, or ws_mode refused the turn before the handler
-        over_http = self._ask(plan.http_request())
-        if plan.wrong == "unknown_call" and not over_http.refused:
-            raise TurnFailed(
-                "the handler accepted a function_call_output whose call_id matches no call "
-                "over plain HTTP too (the API refuses it: 400, 'No tool call found for "
-                "function call output')",
-                f"call_id {UNKNOWN_CALL_ID!r}; HTTP answered {over_http.describe()}",
-            )
-        ignored = self.options.ignored
-        if not same(over_http, socket, ignored):
-            self._differs(plan, over_http, socket)
-        if (
-            self.options.require_history
-            and plan.wrong is None
-            and plan.request.get("previous_response_id") is not None
-            and len(plan.context) > len(as_items(plan.request["input"]))  # there is history
-            and not over_http.refused
-        ):
-            alone = self._ask(plan.http_request(history=False))
-            if same(alone, over_http, ignored):
-                raise TurnFailed(
-                    "the handler's answer does not depend on the earlier turns "
-                    "(require_history=True): over HTTP, the new input alone gets the same "
-                    "answer as the whole history",
-                    f"both answered {over_http.describe()}; "
-                    f"the history holds {len(plan.context)} items",
-                )
-        return True
-
-    def _differs(self, plan: Plan, over_http: Answer, socket: Answer) -> None:
-        """The socket's answer differs from HTTP's: ask HTTP twice more to tell a handler
-        that is not deterministic from one that answers the socket differently."""
-        ignored = self.options.ignored
-        again = [self._ask(plan.http_request()) for _ in range(2)]
-        if any(
-            same(answer, socket, ignored) or not same(answer, over_http, ignored)
-            for answer in again
-        ):
-            answers = "; ".join(answer.describe() for answer in [over_http, *again])
-            raise NotDeterministic(
-                "the handler is not deterministic: it answered the same request differently "
-                "from one call to the next, so its socket answers cannot be compared with HTTP's",
-                f"the socket answered {socket.describe()}; HTTP answered {answers}\n"
-                + NONDETERMINISM_HINT,
-            )
-        hint = ""
-        if plan.wrong is not None:
-            hint = f"\nthe turn sent wrong input ({plan.wrong}): answer it as HTTP does"
-        elif self.options.mode == "on_miss" and plan.request.get("previous_response_id"):
-            hint = (
-                "\nfull_context='on_miss': on a cache hit the body holds only the new input; "
-                "a cache-aware handler must read the history from ws_mode.turn(request)"
-            )
-        raise TurnFailed(
-            "the socket's answer differs from HTTP's for the same conversation with the full "
-            "history (HTTP answered the same way 3 times)",
-            difference(over_http, socket, ignored) + hint,
-        )
-
     def _ask(self, body: dict[str, Any]) -> Answer:
         """The handler's answer to `body` over plain HTTP."""
+        options = self.options
         try:
             return http_answer(
-                self.base_url,
-                self.options.http_path,
-                self.options.http_headers,
-                body,
-                self.options.turn_timeout,
+                self.base_url, options.http_path, options.http_headers, body, options.turn_timeout
             )
         except (OSError, TimeoutError) as exc:
             raise TurnFailed(
