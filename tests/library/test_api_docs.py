@@ -50,8 +50,11 @@ from ws_mode.testing import (
     CompatibilityCheck,
     CompatibilityChecks,
     CompatibilityError,
+    Coverage,
+    NondeterminismError,
     RecordedCall,
     Report,
+    SDKValidationWarning,
     TurnReport,
 )
 
@@ -92,6 +95,9 @@ HANDED_OUT: frozenset[object] = frozenset(
         Report,
         TurnReport,
         RecordedCall,
+        NondeterminismError,
+        SDKValidationWarning,
+        Coverage,
     }
 )
 

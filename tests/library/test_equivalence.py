@@ -85,7 +85,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[CompatibilityCheck,
 
 
 @settings(max_examples=50)
-@given(program=conversations(models=["reference"]))
+@given(program=conversations(models=["reference"], wrong_inputs=False))
 def test_socket_conversation_equals_http_with_full_history(
     server: tuple[CompatibilityCheck, HTTPRecorder], program: Conversation
 ) -> None:

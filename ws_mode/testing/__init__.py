@@ -16,12 +16,15 @@ Run it against your own app before switching WebSocket mode on::
 fixture) or `CompatibilityCheck` / `check_conversation` serve the app behind
 `WebSocketModeMiddleware` under a real server, drive each program over a real socket, and
 raise `CompatibilityError` at the first turn where the handler did not receive what an HTTP
-client with the full history would have sent, or the client did not receive a protocol-valid
-event stream. See docs/testing.md.
+client with the full history would have sent, the client did not receive a protocol-valid
+event stream, or the answer differs from the one that HTTP client gets (wrong input included:
+an output for an unknown call must be refused). A passing check's `coverage` tells what it
+covered. See docs/testing.md.
 
 Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
 client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
-**openai** SDK, when installed, validates output items. They are test dependencies (the
+**openai** SDK, when installed, validates output items (a `SDKValidationWarning` says when
+it is not). They are test dependencies (the
 `testing` extra: `pip install ".[testing]"` in a clone of ws_mode); they are imported when
 used, so registering the pytest plugin costs nothing where they are missing.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ._check import CheckOptions, CompatibilityCheck, check_conversation
+from ._check import CheckOptions, CompatibilityCheck, SDKValidationWarning, check_conversation
 from ._program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
@@ -44,10 +47,11 @@ from ._program import (
     Conversation,
     InputForm,
     Step,
+    WrongInput,
     conversations,
 )
 from ._recorder import RecordedCall
-from ._report import CompatibilityError, Report, TurnReport
+from ._report import CompatibilityError, Coverage, NondeterminismError, Report, TurnReport
 
 # The fixture: at once under pytest (for `pytest_plugins = ["ws_mode.testing"]`), on first use
 # elsewhere, so a program that only needs the kit's socket client or server runner (the
@@ -76,11 +80,15 @@ __all__ = [
     "CompatibilityChecks",
     "CompatibilityError",
     "Conversation",
+    "Coverage",
     "InputForm",
+    "NondeterminismError",
     "RecordedCall",
     "Report",
+    "SDKValidationWarning",
     "Step",
     "TurnReport",
+    "WrongInput",
     "check_conversation",
     "conversations",
     "ws_mode_check",

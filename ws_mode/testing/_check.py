@@ -1,8 +1,9 @@
 """The check: serve an app behind WebSocket mode under a real server and run conversation
 programs against it, each on a new socket (`CompatibilityCheck`, `check_conversation`).
 
-Each turn is compared with what an HTTP client keeping the full history would have sent
-(`expected`), and its events are checked for protocol validity (`validation`).
+Each turn's handler request is compared with what an HTTP client keeping the full history would
+have sent (`expected`), its answer with what that HTTP client gets (`answers`), and its events
+are checked for protocol validity (`validation`).
 """
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import typing
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypedDict
 
 from .._asgi import ASGIApp
 from .._middleware import WebSocketModeMiddleware, find_middlewares
 from .._settings import FullContext, Settings
+from ._answers import IDS
 from ._loopback import ServerName, ServerThread
 from ._program import Conversation, Step
 from ._recorder import RUN_HEADER, Recorder
-from ._report import Report
+from ._report import Coverage, Report
+
+
+class SDKValidationWarning(UserWarning):
+    """The openai SDK is not installed, so output items are not validated with its models."""
 
 
 class CheckOptions(TypedDict, total=False):
@@ -35,6 +42,10 @@ class CheckOptions(TypedDict, total=False):
     allow_errors: bool
     turn_timeout: float
     settle: float
+    compare_answers: bool
+    ignore_fields: Collection[str]
+    require_history: bool
+    strict: bool
 
 
 class CompatibilityCheck:
@@ -50,13 +61,25 @@ class CompatibilityCheck:
       and your options stay (`full_context`, when given, overrides its mode during the check);
     - with `middleware=`, `middleware(recorder)` (to check extra layers around the socket).
 
-    `headers` go on the handshake (your auth). `validate_output` checks output items with the
-    openai SDK's models when the SDK is installed. `allow_errors=True` accepts turns that end
-    in `error` or `response.failed` (still checked for validity); by default they fail the
-    check. `turn_timeout` bounds each turn. After each turn the kit sends a `response.steer`
-    for an unknown response and waits for its `response.steer.failed`: any other frame before
-    it was sent after the turn's terminal event. `settle` adds a wait after the last turn,
-    for events a server sends late from a background task.
+    `headers` go on the handshake (your auth) and on the kit's HTTP requests.
+    `validate_output` checks output items with the openai SDK's models when the SDK is
+    installed (a `SDKValidationWarning` says when it is not). `allow_errors=True` accepts
+    turns that end in `error` or `response.failed` (still checked for validity); by default
+    they fail the check. `turn_timeout` bounds each turn. After each turn the kit sends a
+    `response.steer` for an unknown response and waits for its `response.steer.failed`: any
+    other frame before it was sent after the turn's terminal event. `settle` adds a wait after
+    the last turn, for events a server sends late from a background task.
+
+    `compare_answers` (default on) sends each generating turn's conversation over plain HTTP
+    with the full history and requires the same answer: the terminal status (or the error's
+    HTTP status) and the output items, ids (`id`, `call_id`) and the fields named in
+    `ignore_fields` left out, at any depth. When they differ, HTTP is asked twice more: a
+    handler that answers one request differently is reported as not deterministic
+    (`NondeterminismError`). `require_history=True` also asks, on each continuation, with the
+    new input alone, and fails when the answer is the same (the handler ignores the history).
+    `strict=True` requires every field the SDKs require of each event (`sequence_number` on
+    every event, the Response model's required fields, ...). `coverage` counts what passing
+    programs covered; `summary()` tells it.
     """
 
     def __init__(
@@ -73,7 +96,26 @@ class CompatibilityCheck:
         allow_errors: bool = False,
         turn_timeout: float = 60.0,
         settle: float = 0.0,
+        compare_answers: bool = True,
+        ignore_fields: Collection[str] = (),
+        require_history: bool = False,
+        strict: bool = False,
     ) -> None:
+        if isinstance(app, (str, bytes)) or not callable(app):
+            shown = app if isinstance(app, str) else type(app).__name__
+            raise TypeError(
+                f"CompatibilityCheck needs an ASGI app to serve, not {shown!r}: it runs your app "
+                "behind WebSocketModeMiddleware and records what the handler receives. To "
+                "check a running endpoint at a URL, use `ws-mode check URL --all`."
+            )
+        if isinstance(ignore_fields, str) or not all(
+            isinstance(name, str) for name in ignore_fields
+        ):
+            raise ValueError(
+                f"ignore_fields must be a collection of field names: {ignore_fields!r}"
+            )
+        if require_history and not compare_answers:
+            raise ValueError("require_history needs compare_answers")
         if full_context not in (None, "always", "on_miss"):
             raise ValueError(f"full_context must be 'always', 'on_miss' or None: {full_context!r}")
         if middleware is not None and (full_context is not None or middleware_options):
@@ -94,6 +136,14 @@ class CompatibilityCheck:
         self.allow_errors = allow_errors
         self.turn_timeout = turn_timeout
         self.settle = settle
+        self.compare_answers = compare_answers
+        self.ignore_fields = frozenset(ignore_fields)
+        self.require_history = require_history
+        self.strict = strict
+        #: What the passing programs covered.
+        self.coverage = Coverage(strict=strict)
+        #: Where plain HTTP reaches the handler (for the answer comparison).
+        self.http_path = "/v1/responses"
         #: The middleware's mode, when the kit knows it (None with `middleware=`).
         self.mode: FullContext | None = None
         self.base_url = ""
@@ -114,6 +164,18 @@ class CompatibilityCheck:
         """Build the served app and start the server (once)."""
         if self._server is not None:
             return
+        from . import _validation
+
+        if self.validate_output:
+            self.coverage.sdk_validated = _validation.sdk_models_available()
+            if not self.coverage.sdk_validated:
+                warnings.warn(
+                    "ws_mode.testing: the openai SDK is not installed, so output items are not "
+                    "validated with its models (pip install openai; validate_output=False "
+                    "silences this)",
+                    SDKValidationWarning,
+                    stacklevel=2,
+                )
         served, socket_path = self._build()
         if self.path is None:
             self.path = socket_path
@@ -146,6 +208,7 @@ class CompatibilityCheck:
             wrapped = WebSocketModeMiddleware(
                 self._recorder, full_context=self.mode, **self.middleware_options
             )
+            self.http_path = wrapped.settings.handler_path
             return wrapped, wrapped.settings.path
         if self.middleware_options:
             raise ValueError(
@@ -159,6 +222,7 @@ class CompatibilityCheck:
         self._recorder = Recorder(original.app)
         found.settings = dataclasses.replace(original, app=self._recorder, full_context=self.mode)
         self._embedded = (found, original)
+        self.http_path = original.handler_path
         return self.app, original.path
 
     def _restore(self) -> None:
@@ -182,11 +246,22 @@ class CompatibilityCheck:
 
         token = secrets.token_hex(8)
         options = RunOptions(
-            self.turn_timeout, self.settle, self.allow_errors, self.validate_output, self.mode
+            self.turn_timeout,
+            self.settle,
+            self.allow_errors,
+            self.validate_output,
+            self.mode,
+            strict=self.strict,
+            compare_answers=self.compare_answers,
+            ignored=IDS | self.ignore_fields,
+            require_history=self.require_history,
+            http_path=self.http_path,
+            http_headers=self.headers,
+            sdk_validated=bool(self.coverage.sdk_validated),
         )
         recorder.active.add(token)
         try:
-            return run_program(
+            report = run_program(
                 options,
                 recorder,
                 token,
@@ -198,6 +273,13 @@ class CompatibilityCheck:
         finally:
             recorder.active.discard(token)
             recorder.take(token)  # forget what a failed run left behind
+        self.coverage.add(report)
+        return report
+
+    def summary(self) -> str:
+        """What the passing programs covered (programs, turns, lanes, steps by kind, wrong
+        input, answers compared, whether the openai SDK validated output)."""
+        return self.coverage.summary()
 
 
 def check_conversation(

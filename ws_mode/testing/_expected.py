@@ -15,12 +15,14 @@ from .._protocol import SOCKET_ONLY_FIELDS
 from .._settings import FullContext
 from ._diff import diff_fields, diff_items, short
 from ._items import Item, as_items, copy_json, pending_calls
-from ._program import Step
+from ._program import Step, WrongInput
 from ._recorder import RUN_HEADER, RecordedCall
 from ._report import TurnFailed
 
 # Fields of a create the handler never receives as they are.
 NOT_FORWARDED = SOCKET_ONLY_FIELDS | {"input", "previous_response_id"}
+#: The call id of the output a wrong-input step sends for a call no response made.
+UNKNOWN_CALL_ID = "call_ws_mode_check_unknown"
 
 
 @dataclass
@@ -47,6 +49,17 @@ class Plan:
     parent: Node | None
     request: dict[str, Any]
     context: list[Item]
+    #: The wrong input the turn sends, as it applied to the parent (None: right input).
+    wrong: WrongInput | None = None
+
+    def http_request(self, *, history: bool = True) -> dict[str, Any]:
+        """The request an HTTP client sends for this turn: the same fields, the whole context
+        (or, with `history=False`, the new input alone) and no previous_response_id."""
+        body = {key: value for key, value in self.request.items() if key not in NOT_FORWARDED}
+        body["stream"] = True
+        new = self.context[len(self.context) - len(as_items(self.request["input"])) :]
+        body["input"] = copy_json(self.context if history else new)
+        return body
 
 
 def plan_turn(step: Step, nodes: list[Node]) -> Plan:
@@ -60,7 +73,9 @@ def plan_turn(step: Step, nodes: list[Node]) -> Plan:
         else:
             parent = live[step.parent % len(live)]
     prefix = parent.history() if parent is not None else []
-    new = new_input(step, prefix)
+    new, wrong = new_input(step, prefix), None
+    if step.wrong is not None:
+        new, wrong = wrong_input(step, step.wrong, prefix)
     request: dict[str, Any] = {"type": "response.create", "model": step.model}
     request.update(copy_json(dict(step.fields)))
     if step.instructions is not None:
@@ -81,7 +96,7 @@ def plan_turn(step: Step, nodes: list[Node]) -> Plan:
         request["stream_id"] = step.lane
     if not step.generate:
         request["generate"] = False
-    return Plan(parent, request, context)
+    return Plan(parent, request, context, wrong)
 
 
 def new_input(step: Step, prefix: list[Item]) -> str | list[Item]:
@@ -104,6 +119,22 @@ def new_input(step: Step, prefix: list[Item]) -> str | list[Item]:
         developer = {"role": "developer", "content": "Answer in one short sentence."}
         return [developer, {"role": "user", "content": step.text}]
     return [{"role": "user", "content": step.text}]
+
+
+def wrong_input(step: Step, wrong: WrongInput, prefix: list[Item]) -> tuple[list[Item], WrongInput]:
+    """The wrong input `step` sends after `prefix`, and which wrong input it is: duplicate or
+    missing outputs need calls left unanswered; without them, an unknown call's output."""
+    pending = pending_calls(prefix)
+    outputs = [
+        {"type": "function_call_output", "call_id": call_id, "output": step.text}
+        for call_id in pending
+    ]
+    if pending and wrong == "duplicate_output":
+        return [*outputs, copy_json(outputs[0])], wrong
+    if pending and wrong == "missing_outputs":
+        return [{"role": "user", "content": step.text}], wrong
+    unknown = {"type": "function_call_output", "call_id": UNKNOWN_CALL_ID, "output": step.text}
+    return [*outputs, unknown], "unknown_call"
 
 
 def check_calls(

@@ -27,9 +27,15 @@ Action = Literal["continue", "fork", "fresh", "recover"]
 #: "empty" input (warm-ups only). Tool calls the parent left unanswered are always answered
 #: with function_call_output items instead.
 InputForm = Literal["string", "message", "parts", "developer", "empty"]
+#: Wrong input a step sends, which the API refuses: a function_call_output whose call_id matches
+#: no call ("unknown_call"), two outputs for one call ("duplicate_output"), or a user message
+#: instead of the outputs the parent's tool calls wait for ("missing_outputs"). The last two
+#: need a parent with unanswered calls; without one the step sends an unknown call's output.
+WrongInput = Literal["unknown_call", "duplicate_output", "missing_outputs"]
 
 ACTIONS: tuple[Action, ...] = ("continue", "fork", "fresh", "recover")
 FORMS: tuple[InputForm, ...] = ("message", "string", "parts", "developer")
+WRONG_INPUTS: tuple[WrongInput, ...] = ("unknown_call", "duplicate_output", "missing_outputs")
 
 DEFAULT_INSTRUCTIONS: tuple[str | None, ...] = (None, "Be brief.", "Use the tools when they help.")
 _LOOKUP: dict[str, Any] = {
@@ -90,7 +96,8 @@ class Step:
     into the responses of the run that can still be continued (oldest first). `generate=False`
     makes the step a warm-up. `text` is the user message, or the output given to each tool
     call the parent left unanswered. `fields` holds other request fields sent as they are
-    (`store`, `metadata`, `temperature`, ...).
+    (`store`, `metadata`, `temperature`, ...). `wrong` makes the step send wrong input (it
+    must generate): the socket must answer it as HTTP does.
     """
 
     action: Action = "continue"
@@ -103,12 +110,19 @@ class Step:
     model: str = DEFAULT_MODELS[0]
     lane: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
+    wrong: WrongInput | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"Step.action must be one of {ACTIONS}, got {self.action!r}")
         if self.form not in (*FORMS, "empty"):
             raise ValueError(f"Step.form must be one of {(*FORMS, 'empty')}, got {self.form!r}")
+        if self.wrong is not None and self.wrong not in WRONG_INPUTS:
+            raise ValueError(
+                f"Step.wrong must be None or one of {WRONG_INPUTS}, got {self.wrong!r}"
+            )
+        if self.wrong is not None and (not self.generate or self.form == "empty"):
+            raise ValueError("a step with wrong input must generate and send input")
         _check_lane(self.lane)
         _check_fields(self.fields)
 
@@ -121,6 +135,8 @@ class Step:
             "recover": f"recover response #{self.parent} (modulo) with the full context",
         }[self.action]
         parts = [what if self.generate else what + ", as a warm-up (generate: false)"]
+        if self.wrong is not None:
+            parts.append(f"WRONG INPUT: {self.wrong.replace('_', ' ')}")
         parts.append(f"lane {self.lane!r}" if self.lane is not None else "default lane")
         text = self.text if len(self.text) <= 40 else self.text[:40] + "…"
         parts.append(f"text {text!r} ({self.form} form)")
@@ -159,13 +175,16 @@ def conversations(
     fields: Sequence[Mapping[str, Any]] = DEFAULT_FIELDS,
     actions: Sequence[Action] = ACTIONS,
     warm_ups: bool = True,
+    wrong_inputs: bool = True,
     min_steps: int = 1,
     max_steps: int = 8,
 ) -> SearchStrategy[Conversation]:
     """A hypothesis strategy of conversation programs.
 
     Steps continue the latest response (most often), fork from older ones, start fresh chains,
-    recover with the full context, and warm up (`generate: false`, unless `warm_ups=False`).
+    recover with the full context, and warm up (`generate: false`, unless `warm_ups=False`);
+    about one step in ten sends wrong input (unless `wrong_inputs=False`), which the handler
+    must refuse over the socket as over HTTP.
     Each step draws its instructions, tools, model, lane and extra fields from the given
     pools, so they change from turn to turn; user messages come in every input form and
     tool calls are answered with function_call_output items. `texts` draws the messages
@@ -203,6 +222,8 @@ def conversations(
     def step(draw: st.DrawFn) -> Step:
         generate = not warm_ups or draw(st.integers(0, 5)) < 5  # shrinks to generating
         forms: Sequence[InputForm] = FORMS if generate else (*FORMS, "empty")
+        # Shrinks to right input.
+        wrong = wrong_inputs and generate and draw(st.integers(0, 9)) == 9
         return Step(
             action=draw(st.sampled_from(weighted)),
             parent=draw(st.integers(0, max_steps)),
@@ -214,6 +235,7 @@ def conversations(
             model=draw(st.sampled_from(list(models))),
             lane=draw(st.sampled_from(list(lanes))),
             fields=dict(draw(st.sampled_from(list(fields)))),
+            wrong=draw(st.sampled_from(WRONG_INPUTS)) if wrong else None,
         )
 
     return st.lists(step(), min_size=min_steps, max_size=max_steps).map(

@@ -10,19 +10,28 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.exceptions import InvalidHandshake
 
 from .._protocol import SUCCESS_EVENTS
 from .._settings import FullContext
+from ._answers import IDS, Answer, AnswerCheck, http_answer, socket_answer
 from ._client import FrameError, SocketClosed, SyncSocket, connect, socket_url
 from ._diff import short
 from ._expected import Node, check_calls, plan_turn
 from ._program import Step
 from ._recorder import Recorder
-from ._report import CompatibilityError, Report, TurnFailed, TurnReport, turn_line
+from ._report import (
+    CompatibilityError,
+    NondeterminismError,
+    NotDeterministic,
+    Report,
+    TurnFailed,
+    TurnReport,
+    turn_line,
+)
 from ._validation import check_events, check_type, error_code, frame_failure
 
 
@@ -36,6 +45,16 @@ class RunOptions:
     validate_output: bool
     #: The middleware's `full_context`, when the kit knows it.
     mode: FullContext | None
+    strict: bool = False
+    compare_answers: bool = True
+    #: Fields left out of the answer comparison: ids, and those the handler randomizes.
+    ignored: frozenset[str] = IDS
+    require_history: bool = False
+    #: Where plain HTTP reaches the handler, and the headers it needs (the handshake's).
+    http_path: str = "/v1/responses"
+    http_headers: Mapping[str, str] = field(default_factory=dict)
+    #: Whether the openai SDK's models validate output items in this run.
+    sdk_validated: bool = False
 
 
 def run_program(
@@ -55,7 +74,7 @@ def run_program(
         url = socket_url(base_url, path)
         raise CompatibilityError(f"the server refused the socket at {url}: {exc}") from None
     with socket:
-        return ProgramRun(options, recorder, socket, token, tuple(steps)).run()
+        return ProgramRun(options, recorder, socket, token, tuple(steps), base_url).run()
 
 
 class ProgramRun:
@@ -68,8 +87,17 @@ class ProgramRun:
         socket: SyncSocket,
         token: str,
         steps: tuple[Step, ...],
+        base_url: str = "",
     ) -> None:
+        self.base_url = base_url
         self.options = options
+        self.answers = AnswerCheck(
+            self._ask,
+            compare=options.compare_answers,
+            ignored=options.ignored,
+            require_history=options.require_history,
+            mode=options.mode,
+        )
         self.recorder = recorder
         self.socket = socket
         self.token = token
@@ -97,7 +125,7 @@ class ProgramRun:
                 )
         except TurnFailed as failure:
             raise self._error(failure) from None
-        return Report(self.turns)
+        return Report(self.turns, sdk_validated=self.options.sdk_validated)
 
     def _turn(self, index: int, step: Step) -> TurnReport:
         plan = plan_turn(step, self.nodes)
@@ -113,10 +141,12 @@ class ProgramRun:
             plan.request,
             events,
             earlier={node.id: node.turn for node in self.nodes},
-            allow_errors=self.options.allow_errors,
+            allow_errors=self.options.allow_errors or plan.wrong is not None,
             validate_output=self.options.validate_output,
+            strict=self.options.strict,
         )
         self._barrier()
+        compared = self.answers.check(step, plan, socket_answer(events, output), bool(calls))
         if events[-1]["type"] in SUCCESS_EVENTS and response is not None:
             self.nodes.append(Node(str(response["id"]), step.lane, plan.context, output, index))
         elif (
@@ -130,7 +160,31 @@ class ProgramRun:
             # A failed continuation on the parent's own lane drops the parent
             # (docs/protocol.md, "Conversation state").
             plan.parent.evicted = True
-        return TurnReport(index, step, plan.request, events, response, output, plan.context, calls)
+        return TurnReport(
+            index,
+            step,
+            plan.request,
+            events,
+            response,
+            output,
+            plan.context,
+            calls,
+            wrong=plan.wrong,
+            compared=compared,
+        )
+
+    def _ask(self, body: dict[str, Any]) -> Answer:
+        """The handler's answer to `body` over plain HTTP."""
+        options = self.options
+        try:
+            return http_answer(
+                self.base_url, options.http_path, options.http_headers, body, options.turn_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise TurnFailed(
+                f"the HTTP request the answer is compared with failed: {exc!r}",
+                "sent: " + short(body, 400),
+            ) from None
 
     def _receive(self) -> list[dict[str, Any]]:
         """The turn's events, up to its terminal event."""
@@ -196,7 +250,8 @@ class ProgramRun:
         if earlier:
             lines.append("earlier turns:")
             lines.extend("  " + turn_line(report) for report in earlier)
-        return CompatibilityError(
+        kind = NondeterminismError if isinstance(failure, NotDeterministic) else CompatibilityError
+        return kind(
             failure.problem,
             turn=index,
             step=step,

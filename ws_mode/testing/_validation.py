@@ -45,13 +45,26 @@ def check_events(
     earlier: Mapping[str, int],
     allow_errors: bool,
     validate_output: bool,
+    strict: bool = False,
 ) -> tuple[dict[str, Any] | None, list[Item]]:
     """Check one turn's events, ending with its terminal event; return the final response
     object (None after an `error`) and a copy of its output items.
 
     `request` is what the client sent, `earlier` the response ids returned by earlier turns
-    (with their turn); errors fail the turn unless `allow_errors`, and `validate_output` checks
-    the items with the openai SDK's models."""
+    (with their turn); errors fail the turn unless `allow_errors`, `validate_output` checks
+    the items with the openai SDK's models, and `strict` requires every field the SDKs
+    require of each event (`require_sdk_fields`)."""
+    if strict:
+        for number, event in enumerate(events):
+            require_sdk_fields(f"event {number} ({event['type']})", event)
+    numbered = [isinstance(event.get("sequence_number"), int) for event in events]
+    if any(numbered) and not all(numbered):
+        number = numbered.index(False)
+        raise TurnFailed(
+            f"event {number} ({events[number]['type']}) has no sequence_number, while other "
+            "events of the turn do (the SDKs require it on every event)",
+            "event: " + short(events[number]),
+        )
     sent_previous = request.get("previous_response_id")
     last_number: int | None = None
     response_id: str | None = None
@@ -221,3 +234,79 @@ def _sdk_item_models() -> dict[str, Any] | None:
             if isinstance(literal, str):
                 models[literal] = member
     return models
+
+
+# Strict mode: the fields the SDKs require. Kept apart from the checks above, and independent of
+# the openai SDK: the table is the openai SDK's stream event and Response models' required fields.
+
+#: The fields the openai SDK's Response model requires.
+RESPONSE_FIELDS = (
+    "id",
+    "object",
+    "created_at",
+    "model",
+    "output",
+    "parallel_tool_calls",
+    "tool_choice",
+    "tools",
+)
+_WHERE = ("item_id", "output_index")
+_PART = (*_WHERE, "content_index")
+#: The fields (beyond `type` and `sequence_number`) the openai SDK's model of each stream event
+#: requires, for the events a Responses handler commonly streams.
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(RESPONSE_EVENTS, ("response",)),
+    "response.output_item.added": ("item", "output_index"),
+    "response.output_item.done": ("item", "output_index"),
+    "response.content_part.added": (*_PART, "part"),
+    "response.content_part.done": (*_PART, "part"),
+    "response.output_text.delta": (*_PART, "delta", "logprobs"),
+    "response.output_text.done": (*_PART, "text", "logprobs"),
+    "response.refusal.delta": (*_PART, "delta"),
+    "response.refusal.done": (*_PART, "refusal"),
+    "response.function_call_arguments.delta": (*_WHERE, "delta"),
+    "response.function_call_arguments.done": (*_WHERE, "arguments"),
+    "response.reasoning_summary_part.added": (*_WHERE, "summary_index", "part"),
+    "response.reasoning_summary_part.done": (*_WHERE, "summary_index", "part"),
+    "response.reasoning_summary_text.delta": (*_WHERE, "summary_index", "delta"),
+    "response.reasoning_summary_text.done": (*_WHERE, "summary_index", "text"),
+    "response.reasoning_text.delta": (*_PART, "delta"),
+    "response.reasoning_text.done": (*_PART, "text"),
+    "response.output_text.annotation.added": (*_PART, "annotation_index"),
+}
+#: The fields of an error event's nested error (WebSocket mode's envelope).
+ERROR_FIELDS = ("type", "code", "message", "param")
+
+
+def require_sdk_fields(where: str, event: dict[str, Any]) -> None:
+    """Raise `TurnFailed` unless `event` has an integer `sequence_number` and every field the
+    SDKs require of its type (its response object's too); an error event needs `status` and
+    the nested error's `type`, `code`, `message` and `param` (null allowed)."""
+    sequence = event.get("sequence_number")
+    if not isinstance(sequence, int) or isinstance(sequence, bool):
+        raise TurnFailed(
+            f"{where} has no integer sequence_number (strict: the SDKs require one on every event)",
+            "event: " + short(event),
+        )
+    kind = event["type"]
+    if kind == "error":
+        error = event.get("error")
+        missing = [
+            name for name in ERROR_FIELDS if not isinstance(error, dict) or name not in error
+        ]
+        missing = (["status"] if "status" not in event else []) + [f"error.{m}" for m in missing]
+    else:
+        missing = [name for name in EVENT_FIELDS.get(kind, ()) if name not in event]
+        response = event.get("response")
+        if kind in RESPONSE_EVENTS and isinstance(response, dict):
+            missing += [f"response.{name}" for name in RESPONSE_FIELDS if name not in response]
+    if missing:
+        raise TurnFailed(
+            f"{where} lacks fields the SDKs require (strict): {', '.join(missing)}",
+            "event: " + short(event),
+        )
+
+
+def sdk_models_available() -> bool:
+    """Whether the openai SDK's models are there to validate output items."""
+    return _sdk_item_models() is not None

@@ -4,6 +4,7 @@ stack the ways users' stacks break."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import secrets
@@ -245,3 +246,84 @@ class WrongParent:
             )
             scope = {**scope, "extensions": {**scope["extensions"], "ws_mode": wrong}}
         await self.app(scope, receive, send)
+
+
+# A small deterministic model, with switches for the bugs the kit must catch.
+
+
+def model_app(
+    *,
+    last_item_only: bool = False,
+    read_turn: bool = True,
+    refuse_unknown_calls: bool = True,
+    number_completed: bool = True,
+    random_tools: random.Random | None = None,
+) -> Starlette:
+    """A handler answering from a digest of its whole context, as a model would: a tool call
+    when tools are offered and the digest (or `random_tools`, shared by every call) says so
+    after a user message, else a message naming the digest. The switches are bugs: answer
+    from the `last_item_only`, never `read_turn` (a cache-aware handler that ignores
+    `ws_mode.turn()`), accept outputs of unknown calls (`refuse_unknown_calls=False`), and
+    send `response.completed` without its `sequence_number` (`number_completed=False`)."""
+
+    async def create(request: Request) -> Response:
+        body = await request.json()
+        raw = body.get("input")
+        context = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
+        current = turn(request)
+        if read_turn and current is not None and not current.full_context:
+            context = current.history()
+        calls = {item.get("call_id") for item in context if item.get("type") == "function_call"}
+        for item in context:
+            if (
+                refuse_unknown_calls
+                and item.get("type") == "function_call_output"
+                and item.get("call_id") not in calls
+            ):
+                message = (
+                    f"No tool call found for function call output with call_id {item['call_id']}."
+                )
+                error = {"type": "invalid_request_error", "code": None, "message": message}
+                return JSONResponse({"error": {**error, "param": "input"}}, status_code=400)
+        if last_item_only:
+            context = context[-1:]
+        digest = hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()[:12]
+        tools = [tool for tool in body.get("tools") or [] if tool.get("type") == "function"]
+        asked = context[-1].get("role") == "user" if context else False
+        wants_tool = random_tools.random() < 0.5 if random_tools else int(digest, 16) % 2 == 0
+        if tools and asked and wants_tool:
+            item: dict[str, Any] = {
+                "type": "function_call",
+                "id": "fc_" + secrets.token_hex(6),
+                "call_id": "call_" + secrets.token_hex(6),
+                "name": tools[0]["name"],
+                "arguments": json.dumps({"word": digest}),
+                "status": "completed",
+            }
+        else:
+            item = {**SDK_MESSAGE, "id": "msg_" + secrets.token_hex(6)}
+            item["content"] = [{"type": "output_text", "text": f"[{digest}]", "annotations": []}]
+        response = {
+            "id": "resp_" + secrets.token_hex(12),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": body.get("model"),
+            "output": [item],
+            "previous_response_id": None,
+            "tools": body.get("tools") or [],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+        }
+
+        async def stream() -> AsyncIterator[str]:
+            async for chunk in sse(response):
+                if not number_completed and chunk.startswith("event: response.completed"):
+                    event = json.loads(chunk.split("data: ", 1)[1])
+                    del event["sequence_number"]
+                    chunk = f"event: response.completed\ndata: {json.dumps(event)}\n\n"
+                yield chunk
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])

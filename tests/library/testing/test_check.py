@@ -30,7 +30,10 @@ def reference_check(request: pytest.FixtureRequest) -> Iterator[CompatibilityChe
 
 @pytest.fixture(scope="module", params=["always", "on_miss"])
 def random_check(request: pytest.FixtureRequest) -> Iterator[CompatibilityCheck]:
-    with CompatibilityCheck(random_app(), full_context=request.param) as check:
+    # Its answers change from call to call: they cannot be compared with HTTP's.
+    with CompatibilityCheck(
+        random_app(), full_context=request.param, compare_answers=False
+    ) as check:
         yield check
 
 
@@ -44,7 +47,7 @@ def test_reference_server_passes(
 
 
 @settings(max_examples=100)
-@given(program=conversations())
+@given(program=conversations(wrong_inputs=False))
 def test_non_deterministic_handler_passes(
     random_check: CompatibilityCheck, program: Conversation
 ) -> None:
@@ -78,7 +81,7 @@ def test_a_program_covers_every_kind_of_turn(reference_check: CompatibilityCheck
 def test_the_same_program_passes_against_different_answers() -> None:
     """Two runs of one program against a random handler differ, and both pass: the expected
     contexts are built from what each run returned."""
-    with CompatibilityCheck(random_app(seed=1)) as check:
+    with CompatibilityCheck(random_app(seed=1), compare_answers=False) as check:
         first, second = check.run(PROGRAM), check.run(PROGRAM)
     assert [t.output for t in first.turns] != [t.output for t in second.turns]
 

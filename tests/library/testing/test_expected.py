@@ -113,7 +113,7 @@ def test_a_failed_continuation_drops_its_parent_from_the_program() -> None:
         return lifecycle([SDK_MESSAGE])
 
     program = [Step("fresh"), Step("continue"), Step("continue")]
-    report = check_conversation(handler(answer), program, allow_errors=True)
+    report = check_conversation(handler(answer), program, allow_errors=True, compare_answers=False)
     assert [turn.terminal for turn in report.turns] == [
         "response.completed",
         "error",

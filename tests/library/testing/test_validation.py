@@ -200,8 +200,9 @@ def test_check_events_returns_the_response_and_its_output() -> None:
 
 
 def test_check_events_takes_the_output_from_the_finished_items() -> None:
-    created, completed = lifecycle([], response_id="resp_1")
+    created, completed = lifecycle([], response_id="resp_1", numbers=(0, 2))
     done = {"type": "response.output_item.done", "output_index": 0, "item": SDK_MESSAGE}
+    done["sequence_number"] = 1
     assert check([created, done, completed])[1] == [SDK_MESSAGE]
 
 
