@@ -19,6 +19,14 @@ raise `CompatibilityError` at the first turn where the handler did not receive w
 client with the full history would have sent, or the client did not receive a protocol-valid
 event stream. See docs/testing.md.
 
+The conformance suite checks a live endpoint, any server, against WebSocket mode's rules, one
+named case a rule (`CONFORMANCE_CASES`): `run_conformance(url)` runs them all, and under
+pytest `check_conformance_case(case, url)` runs one, a skipped case becoming pytest's skip::
+
+    @pytest.mark.parametrize("case", CONFORMANCE_CASES, ids=str)
+    def test_conformance(case):
+        check_conformance_case(case, "http://127.0.0.1:8000")
+
 Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
 client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
 **openai** SDK, when installed, validates output items. They are test dependencies (the
@@ -34,6 +42,14 @@ import sys
 from typing import Any
 
 from ._check import CheckOptions, CompatibilityCheck, check_conversation
+from ._conformance import (
+    CaseResult,
+    ConformanceCase,
+    ConformanceFailure,
+    ConformanceOptions,
+)
+from ._conformance import summary as conformance_summary
+from ._conformance_cases import CONFORMANCE_CASES, check_conformance_case, run_conformance
 from ._program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
@@ -65,23 +81,31 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CONFORMANCE_CASES",
     "DEFAULT_FIELDS",
     "DEFAULT_INSTRUCTIONS",
     "DEFAULT_LANES",
     "DEFAULT_MODELS",
     "DEFAULT_TOOLS",
     "Action",
+    "CaseResult",
     "CheckOptions",
     "CompatibilityCheck",
     "CompatibilityChecks",
     "CompatibilityError",
+    "ConformanceCase",
+    "ConformanceFailure",
+    "ConformanceOptions",
     "Conversation",
     "InputForm",
     "RecordedCall",
     "Report",
     "Step",
     "TurnReport",
+    "check_conformance_case",
     "check_conversation",
+    "conformance_summary",
     "conversations",
+    "run_conformance",
     "ws_mode_check",
 ]
