@@ -84,7 +84,8 @@ class ConformanceOptions:
     long the server keeps a socket (seconds): the lifetime case waits that long, and is
     skipped without it. ``rate_limited_request`` holds fields of a ``response.create`` the
     server answers with 429 (and its rate-limit headers): the ``error.headers`` case is skipped
-    without it."""
+    without it. ``create_fields`` are sent in every ``response.create`` (``{"store": false}``,
+    a model's settings), under the case's own fields."""
 
     path: str = DEFAULT_PATH
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -92,6 +93,7 @@ class ConformanceOptions:
     timeout: float = 30.0
     connection_lifetime: float | None = None
     rate_limited_request: Mapping[str, Any] | None = None
+    create_fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -276,10 +278,11 @@ class Probe:
 
     def create(self, input: Any = "Say hello.", **fields: Any) -> dict[str, Any]:
         """A ``response.create`` of ``input`` (a string is one user message), the model asked
-        for, and ``fields``."""
+        for, the options' ``create_fields`` and ``fields``."""
         request: dict[str, Any] = {"type": "response.create"}
         if self.options.model is not None:
             request["model"] = self.options.model
+        request.update(self.options.create_fields)
         request["input"] = input
         request.update(fields)
         return request

@@ -176,6 +176,14 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         'headers, e.g. \'{"model": "limited"}\': the errors.rate_limit_headers case '
         "checks error.headers (default: skipped)",
     )
+    check.add_argument(
+        "--create-fields",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="fields every conformance case sends in its response.create, e.g. "
+        "'{\"store\": false}' (default: none)",
+    )
     check.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     check.add_argument(
         "-q",
@@ -243,7 +251,10 @@ def run_check(args: argparse.Namespace) -> int:
     say(f"{PROG} check: checking {target.url}")
     report = run_checks(target, options, on_result, on_progress)
     print("\n".join(format_report(report)), flush=True)
-    cases = _run_cases(args, base, path, options, say) if args.all or args.case else None
+    cases = None
+    if args.all or args.case:
+        handshake_ok = report.result("handshake").status == "ok"
+        cases = _run_cases(args, base, path, options, handshake_ok, say)
     if args.json is not None:
         written = report_json(report)
         if cases is not None:
@@ -271,10 +282,17 @@ def _run_cases(
     base: str,
     path: str,
     options: CheckOptions,
+    handshake_ok: bool,
     say: Callable[[str], None],
 ) -> list[CaseResult]:
     """Run the conformance cases ``--all`` or ``--case`` asks for, and print their table."""
-    from ws_mode.testing import ConformanceOptions, run_conformance
+    from ws_mode.testing import (
+        CONFORMANCE_CASES,
+        CaseResult,
+        ConformanceOptions,
+        run_conformance,
+    )
+    from ws_mode.testing._conformance import select_cases
 
     patterns = [] if args.all else args.case
     conformance = ConformanceOptions(
@@ -284,16 +302,24 @@ def _run_cases(
         timeout=options.timeout,
         connection_lifetime=args.connection_lifetime,
         rate_limited_request=args.rate_limited_request,
+        create_fields=args.create_fields,
     )
-    say(f"{PROG} check: conformance cases")
-    results = run_conformance(
-        base,
-        conformance,
-        cases=patterns,
-        on_result=lambda result: say(f"  {result.name}: {result.outcome}"),
-    )
-    if not results:
+    chosen = select_cases(CONFORMANCE_CASES, patterns)
+    if not chosen:
         raise CommandError(f"no conformance case matches {' '.join(args.case)!r} (see --list)")
+    if not handshake_ok:
+        results = [
+            CaseResult(case.name, case.rule, case.source, "skipped", "the handshake failed")
+            for case in chosen
+        ]
+    else:
+        say(f"{PROG} check: conformance cases")
+        results = run_conformance(
+            base,
+            conformance,
+            cases=[case.name for case in chosen],
+            on_result=lambda result: say(f"  {result.name}: {result.outcome}"),
+        )
     print("\n".join(format_cases(results)), flush=True)
     return results
 
