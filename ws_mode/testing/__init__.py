@@ -38,18 +38,11 @@ used, so registering the pytest plugin costs nothing where they are missing.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._check import CheckOptions, CompatibilityCheck, check_conversation
-from ._conformance import (
-    CaseResult,
-    ConformanceCase,
-    ConformanceFailure,
-    ConformanceOptions,
-)
-from ._conformance import summary as conformance_summary
-from ._conformance_cases import CONFORMANCE_CASES, check_conformance_case, run_conformance
 from ._program import (
     DEFAULT_FIELDS,
     DEFAULT_INSTRUCTIONS,
@@ -72,11 +65,42 @@ if "pytest" in sys.modules:
     from ._plugin import CompatibilityChecks, ws_mode_check
 
 
+# The conformance suite: imported on first use, as it imports websockets.
+if TYPE_CHECKING:
+    from ._conformance import (
+        CaseResult,
+        ConformanceCase,
+        ConformanceFailure,
+        ConformanceOptions,
+        conformance_summary,
+    )
+    from ._conformance_cases import (
+        CONFORMANCE_CASES,
+        check_conformance_case,
+        run_conformance,
+    )
+
+#: The conformance suite's public names, by the private module that holds each.
+_CONFORMANCE_NAMES = {
+    "CaseResult": "_conformance",
+    "ConformanceCase": "_conformance",
+    "ConformanceFailure": "_conformance",
+    "ConformanceOptions": "_conformance",
+    "conformance_summary": "_conformance",
+    "CONFORMANCE_CASES": "_conformance_cases",
+    "check_conformance_case": "_conformance_cases",
+    "run_conformance": "_conformance_cases",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in ("CompatibilityChecks", "ws_mode_check"):
         from . import _plugin
 
         return getattr(_plugin, name)
+    if name in _CONFORMANCE_NAMES:
+        module = importlib.import_module(f"{__name__}.{_CONFORMANCE_NAMES[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

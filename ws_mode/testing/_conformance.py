@@ -178,7 +178,7 @@ def run_cases(
     return results
 
 
-def summary(results: Sequence[CaseResult]) -> str:
+def conformance_summary(results: Sequence[CaseResult]) -> str:
     """``N passed, N failed, N skipped``."""
     counts = dict.fromkeys(("passed", "failed", "skipped"), 0)
     for result in results:

@@ -57,18 +57,16 @@ def not_across_connections(probe: Probe) -> str:
 
 def failed_continuation_evicts(probe: Probe) -> str:
     socket = probe.socket()
-    lane = "conform-evict-" + secrets.token_hex(3)
-    parent = probe.finished_turn(socket, probe.create(stream_id=lane), "the parent")
-    bad = probe.create(
-        probe.follow_up(parent), previous_response_id=parent.id, stream_id=lane, **FAILING_FIELDS
-    )
+    # On the default lane: the rule is about one lane, any lane.
+    parent = probe.finished_turn(socket, probe.create(), "the parent")
+    bad = probe.create(probe.follow_up(parent), previous_response_id=parent.id, **FAILING_FIELDS)
     failed = probe.turn(socket, bad)
     if failed.finished:
         raise CaseSkipped(
             "the endpoint accepted a continuation with metadata {'conform': 1} (a non-string "
             "metadata value), so no continuation could be made to fail"
         )
-    retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id, stream_id=lane)
+    retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id)
     turn = probe.turn(socket, retry)
     probe.expect_error(
         turn,
@@ -81,9 +79,8 @@ def failed_continuation_evicts(probe: Probe) -> str:
 
 def failed_fork_keeps(probe: Probe) -> str:
     socket = probe.socket()
-    home = "conform-home-" + secrets.token_hex(3)
     away = "conform-away-" + secrets.token_hex(3)
-    parent = probe.finished_turn(socket, probe.create(stream_id=home), "the parent")
+    parent = probe.finished_turn(socket, probe.create(), "the parent (default lane)")
     bad = probe.create(
         probe.follow_up(parent), previous_response_id=parent.id, stream_id=away, **FAILING_FIELDS
     )
@@ -93,7 +90,7 @@ def failed_fork_keeps(probe: Probe) -> str:
             "the endpoint accepted a fork with metadata {'conform': 1} (a non-string metadata "
             "value), so no fork could be made to fail"
         )
-    retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id, stream_id=home)
+    retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id)
     turn = probe.finished_turn(socket, retry, "a continuation after a failed cross-lane fork")
     return f"after the failed fork, {parent.id} was continued ({turn.id})"
 

@@ -108,8 +108,8 @@ def accepted(probe: Probe) -> str:
 
 def successor(probe: Probe) -> str:
     socket = probe.socket()
-    lane = _lane("successor")
-    request = probe.create(LONG_ANSWER, stream_id=lane)
+    # On the default lane: the rule is not about lanes.
+    request = probe.create(LONG_ANSWER)
     for _round in range(TOOL_ROUNDS):
         socket.send(request)
         seen: list[dict[str, Any]] = []
@@ -131,7 +131,7 @@ def successor(probe: Probe) -> str:
             raise CaseSkipped(
                 f"no message ever streamed to steer into: the turn ended with {describe(event)}"
             )
-        request = probe.create(probe.follow_up(turn), stream_id=lane, previous_response_id=turn.id)
+        request = probe.create(probe.follow_up(turn), previous_response_id=turn.id)
     else:
         raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")
     target = str(seen[0]["response"]["id"])
@@ -151,20 +151,18 @@ def successor(probe: Probe) -> str:
         raise CaseFailed(f"the steered response ended with {describe(steered.last)}")
     if steered.calls():
         raise CaseSkipped("the steered response ended with a tool call (see steering.pending)")
-    follow = {"type": "response.create", "stream_id": lane, "previous_response_id": target}
+    follow = {"type": "response.create", "previous_response_id": target}
     after = probe.turn(socket, follow, send=False, steers=steers)
     if not after.finished:
         raise CaseFailed(f"the successor ended with {describe(after.last)}")
     how = steered.last["type"].removeprefix("response.")
-    return f"{target} ended {how}; its successor {after.id} continued it on lane {lane}"
+    return f"{target} ended {how}; its successor {after.id} continued it on its lane"
 
 
 def pending(probe: Probe) -> str:
     socket = probe.socket()
-    lane = _lane("pending")
     request = probe.create(
         "Look up the word 'lighthouse' with the lookup tool.",
-        stream_id=lane,
         tools=[LOOKUP_TOOL],
         tool_choice="required",
     )
@@ -196,7 +194,7 @@ def pending(probe: Probe) -> str:
     ids = {item.get("call_id") for item in required} if isinstance(required, list) else set()
     if ids != {call["call_id"] for call in calls}:
         raise CaseFailed(f"required_input {required!r} does not name the calls {sorted(ids)}")
-    follow = probe.create(probe.follow_up(turn), stream_id=lane, previous_response_id=target)
+    follow = probe.create(probe.follow_up(turn), previous_response_id=target)
     after = probe.finished_turn(socket, follow, "the continuation with the tool output")
     return (
         f"pending after response.completed (waiting_for_required_input, {len(calls)} call(s)); "
