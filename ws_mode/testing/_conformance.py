@@ -264,6 +264,7 @@ class Probe:
 
     @property
     def timeout(self) -> float:
+        """How long a handshake or one response may take, in seconds."""
         return self.options.timeout
 
     def socket(self) -> SyncSocket:

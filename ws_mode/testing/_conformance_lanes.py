@@ -109,31 +109,47 @@ def fifo(probe: Probe) -> str:
     return "the second response started after the first one's terminal event"
 
 
+#: Events of the slow lane after the other lane's request that show its stream was still going.
+STILL_STREAMING: Final = 3
+
+
 def concurrent(probe: Probe) -> str:
     socket = probe.socket()
     slow, quick = _lane("slow"), _lane("quick")
     long = probe.create(LONG_ANSWER, stream_id=slow)
     socket.send(long)
     seen: list[dict[str, Any]] = []
-    probe.read_until(socket, lambda event: event.get("type") == "response.created", seen)
+    first = probe.read_until(
+        socket, lambda event: event["type"] in ("response.created", *TERMINAL_EVENTS), seen
+    )
+    if first["type"] != "response.created":
+        raise CaseFailed(f"the long response ended with {describe(first)}")
     socket.send(probe.create("Hello", stream_id=quick, generate=False))
     finished: list[str] = []
     events: dict[str, list[dict[str, Any]]] = {slow: list(seen), quick: []}
+    slow_before_quick = 0  # events of the slow lane after the quick request, before its own
     while len(finished) < 2:
         event = probe.receive(socket)
         lane = event.get("stream_id")
         if lane not in events:
             raise CaseFailed(f"an event with stream_id {lane!r}: {describe(event)}")
+        if lane == slow and not events[quick]:
+            slow_before_quick += 1
         events[lane].append(event)
         if event["type"] in TERMINAL_EVENTS:
             finished.append(lane)
     probe.checked(long, events[slow])
-    if finished[0] == slow:
-        raise CaseSkipped(
-            "the long response finished before the other lane's warm-up started, so whether "
-            "lanes run at once cannot be seen (a slower stream would show it)"
+    if finished[0] == quick:
+        return "a warm-up on a second lane finished while the first lane's response streamed"
+    if slow_before_quick > STILL_STREAMING:
+        raise CaseFailed(
+            f"the second lane's request got no event while the first lane streamed "
+            f"{slow_before_quick} more: the lanes ran one after the other"
         )
-    return "a warm-up on a second lane finished while the first lane's response streamed"
+    raise CaseSkipped(
+        "the long response finished before the other lane's warm-up started, so whether "
+        "lanes run at once cannot be seen (a slower stream would show it)"
+    )
 
 
 def fork(probe: Probe) -> str:

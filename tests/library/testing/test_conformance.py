@@ -125,7 +125,8 @@ def test_the_reference_behind_the_middleware_passes_the_cases_it_is_broken_for_b
 ) -> None:
     # Every case is run against ws-mode serve and ws-mode proxy in
     # tests/toolkit/cli/test_check_conformance.py; here, those the edits below break.
-    patterns = ["errors.envelope", "lanes.*_e*", "steering.*", "codex.*", "*rate_limit*"]
+    patterns = ["errors.envelope", "lanes.default_lane_unmarked", "lanes.stream_id_echoed",
+                "lanes.concurrent", "steering.*", "codex.*", "*rate_limit*"]  # fmt: skip
     results = run_conformance(base, ConformanceOptions(timeout=10), cases=patterns)
     outcomes = {result.name: result.outcome for result in results}
     assert outcomes.pop("errors.rate_limit_headers") == "skipped"
@@ -165,6 +166,24 @@ def _error_answers_processed(event: dict[str, Any]) -> list[Any]:
     return [event]
 
 
+class OneLaneAtATime:
+    """Holds the events of the lanes named `quick` until the `slow` lane's response ends, as a
+    server that runs lanes one after the other sends them."""
+
+    def __init__(self) -> None:
+        self.held: list[dict[str, Any]] = []
+
+    def __call__(self, event: dict[str, Any]) -> list[Any]:
+        lane = str(event.get("stream_id"))
+        if "quick" in lane:
+            self.held.append(event)
+            return []
+        if "slow" in lane and event["type"] == "response.completed":
+            held, self.held = self.held, []
+            return [event, *held]
+        return [event]
+
+
 @pytest.mark.parametrize(
     ("name", "edit", "seen"),
     [
@@ -173,6 +192,7 @@ def _error_answers_processed(event: dict[str, Any]) -> list[Any]:
         ("lanes.stream_id_echoed", _terminal_without_lane, "does not carry its lane's stream_id"),
         ("steering.accepted", _short_steer_id, "is not steer_ and 32 hex digits"),
         ("codex.response_processed", _error_answers_processed, "unknown_event_type"),
+        ("lanes.concurrent", OneLaneAtATime(), "the lanes ran one after the other"),
     ],
 )
 def test_a_stack_that_breaks_a_rule_fails_its_case_saying_what_it_saw(
