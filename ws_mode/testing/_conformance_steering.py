@@ -10,6 +10,7 @@ successor, when a message starts streaming); an endpoint that finishes first
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any, Final
 
 from .._protocol import TERMINAL_EVENTS
@@ -22,8 +23,10 @@ from ._conformance import (
     CaseSkipped,
     ConformanceCase,
     Probe,
+    Turn,
     describe,
 )
+from ._conformance_state import FAILING_FIELDS
 from ._validation import steer_accepted_problems
 
 STEERING_GUIDE: Final = "OpenAI steering guide"
@@ -159,8 +162,20 @@ def successor(probe: Probe) -> str:
     return f"{target} ended {how}; its successor {after.id} continued it on its lane"
 
 
-def pending(probe: Probe) -> str:
-    socket = probe.socket()
+@dataclass
+class Pending:
+    """A steer left pending: the response it was sent into (ended waiting for tool output),
+    the ``response.steer.accepted`` and the ``response.steer.pending`` that answered it."""
+
+    turn: Turn
+    accepted: dict[str, Any]
+    pending: dict[str, Any]
+
+
+def steer_left_pending(probe: Probe, socket: SyncSocket) -> Pending:
+    """Ask for a tool call, steer into the response while it streams, and read up to the
+    ``response.steer.pending`` after its ``response.completed`` (skips: no steering, too
+    fast, no tool call)."""
     request = probe.create(
         "Look up the word 'lighthouse' with the lookup tool.",
         tools=[LOOKUP_TOOL],
@@ -188,18 +203,52 @@ def pending(probe: Probe) -> str:
             f"after a response ending with a tool call came {describe(waiting)}, not "
             "response.steer.pending"
         )
+    return Pending(turn, answer, waiting)
+
+
+def pending(probe: Probe) -> str:
+    socket = probe.socket()
+    left = steer_left_pending(probe, socket)
+    waiting, calls = left.pending, left.turn.calls()
     if waiting.get("reason") != "waiting_for_required_input":
         raise CaseFailed(f"response.steer.pending with reason {waiting.get('reason')!r}")
     required = waiting.get("required_input")
     ids = {item.get("call_id") for item in required} if isinstance(required, list) else set()
     if ids != {call["call_id"] for call in calls}:
         raise CaseFailed(f"required_input {required!r} does not name the calls {sorted(ids)}")
-    follow = probe.create(probe.follow_up(turn), previous_response_id=target)
+    follow = probe.create(probe.follow_up(left.turn), previous_response_id=left.turn.id)
     after = probe.finished_turn(socket, follow, "the continuation with the tool output")
     return (
         f"pending after response.completed (waiting_for_required_input, {len(calls)} call(s)); "
         f"the tool output's continuation {after.id} took the input"
     )
+
+
+def successor_creation_failed(probe: Probe) -> str:
+    socket = probe.socket()
+    left = steer_left_pending(probe, socket)
+    steer_id = (left.accepted.get("steer") or {}).get("id")
+    bad = probe.create(
+        probe.follow_up(left.turn), previous_response_id=left.turn.id, **FAILING_FIELDS
+    )
+    steers: list[dict[str, Any]] = []
+    turn = probe.turn(socket, bad, steers=steers)
+    if turn.finished:
+        raise CaseSkipped(
+            "the endpoint accepted a continuation with metadata {'conform': 1} (a non-string "
+            "metadata value), so no continuation could be made to fail"
+        )
+    if not steers:
+        steers.append(probe.read_until(socket, lambda event: True))
+    returned = steers[0]
+    if failed_code(returned) != "successor_creation_failed":
+        raise CaseFailed(
+            f"after the continuation carrying the steered input failed came {describe(returned)}, "
+            "not response.steer.failed (successor_creation_failed)"
+        )
+    if (returned.get("steer") or {}).get("id") != steer_id:
+        raise CaseFailed(f"successor_creation_failed without the steer's id {steer_id!r}")
+    return f"the failed continuation gave the input back: successor_creation_failed ({steer_id})"
 
 
 def response_not_found(probe: Probe) -> str:
@@ -287,6 +336,14 @@ CASES: Final = (
         "after its response.completed; the client's continuation takes the input",
         STEER_SOURCE,
         pending,
+    ),
+    ConformanceCase(
+        "steering.successor_creation_failed",
+        "when the continuation that would take pending steered input fails before its "
+        "response.created, the input comes back in response.steer.failed "
+        "(successor_creation_failed, with the steer's id)",
+        STEER_SOURCE,
+        successor_creation_failed,
     ),
     ConformanceCase(
         "steering.response_not_found",

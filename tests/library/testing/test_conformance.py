@@ -214,7 +214,7 @@ def test_a_server_that_does_not_steer_skips_the_steering_cases(base: str, broken
 
     broken.edit = not_supported
     results = run_conformance(base, ConformanceOptions(timeout=10), cases=["steering.*"])
-    assert len(results) == 7
+    assert len(results) == 8
     for result in results:
         assert result.outcome == "skipped", (result.name, result.detail)
         assert "steering_not_supported" in result.detail
