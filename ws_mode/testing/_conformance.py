@@ -123,8 +123,8 @@ class ConformanceCase:
         return self.name
 
     def run(self, base_url: str, options: ConformanceOptions | None = None) -> CaseResult:
-        """Run the case against ``base_url`` (the HTTP API's base, as the openai SDK's
-        ``base_url``, or the server's origin)."""
+        """Run the case against the server at ``base_url`` (its origin, ``http://host:8000``:
+        the socket opens at the options' ``path`` under it)."""
         started = time.perf_counter()
         try:
             with Probe(base_url, options or ConformanceOptions()) as probe:

@@ -34,8 +34,8 @@ def run_conformance(
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
     """Run the cases whose names match ``cases`` (shell-style patterns; all when empty)
-    against ``base_url``, the HTTP API's base (``http://host:8000``); their results, in
-    order."""
+    against ``base_url``, the server's origin (``http://host:8000``: the socket opens at
+    the options' ``path`` under it); their results, in order."""
     chosen = select_cases(CONFORMANCE_CASES, cases)
     return run_cases(base_url, chosen, options, on_result)
 
