@@ -123,3 +123,11 @@ def test_a_failed_case_fails_the_run(
     assert case_rows(out) == {"errors.rate_limit_headers": "FAILED"}
     assert "not 429" in out
     assert "conformance: 0 passed, 1 failed, 0 skipped" in out
+
+
+def test_cases_are_skipped_when_the_handshake_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, rows, _ = run(capsys, "http://127.0.0.1:9", "--case", "lanes.f*", *FAST)
+    assert status == 1
+    assert rows["handshake"] == "FAILED"
+    assert case_rows(out) == {"lanes.fifo": "skipped", "lanes.fork": "skipped"}
+    assert "the handshake failed" in out

@@ -30,7 +30,7 @@ from ..args import number
 from .common import PROG, CommandError
 
 if TYPE_CHECKING:
-    from ws_mode.testing import CaseResult
+    from ws_mode.testing import CaseResult, ConformanceCase
 
     from ..check import CheckOptions
 
@@ -226,6 +226,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.url is None:
         raise CommandError("a URL is needed (only --list runs without one)")
     base, path = target_of(args.url)
+    chosen = _chosen_cases(args) if args.all or args.case else None
     if args.max_probe_bytes and args.min_probe_bytes > args.max_probe_bytes:
         raise CommandError("--min-probe-bytes is larger than --max-probe-bytes")
     options = CheckOptions(
@@ -252,9 +253,9 @@ def run_check(args: argparse.Namespace) -> int:
     report = run_checks(target, options, on_result, on_progress)
     print("\n".join(format_report(report)), flush=True)
     cases = None
-    if args.all or args.case:
+    if chosen is not None:
         handshake_ok = report.result("handshake").status == "ok"
-        cases = _run_cases(args, base, path, options, handshake_ok, say)
+        cases = _run_cases(args, chosen, base, path, options, handshake_ok, say)
     if args.json is not None:
         written = report_json(report)
         if cases is not None:
@@ -277,24 +278,31 @@ def _list_cases() -> int:
     return 0
 
 
+def _chosen_cases(args: argparse.Namespace) -> list[ConformanceCase]:
+    """The conformance cases ``--all`` or ``--case`` asks for; :class:`CommandError` when the
+    patterns match none."""
+    from ws_mode.testing import CONFORMANCE_CASES
+    from ws_mode.testing._conformance import select_cases
+
+    chosen = select_cases(CONFORMANCE_CASES, [] if args.all else args.case)
+    if not chosen:
+        raise CommandError(f"no conformance case matches {' '.join(args.case)!r} (see --list)")
+    return chosen
+
+
 def _run_cases(
     args: argparse.Namespace,
+    chosen: list[ConformanceCase],
     base: str,
     path: str,
     options: CheckOptions,
     handshake_ok: bool,
     say: Callable[[str], None],
 ) -> list[CaseResult]:
-    """Run the conformance cases ``--all`` or ``--case`` asks for, and print their table."""
-    from ws_mode.testing import (
-        CONFORMANCE_CASES,
-        CaseResult,
-        ConformanceOptions,
-        run_conformance,
-    )
-    from ws_mode.testing._conformance import select_cases
+    """Run the ``chosen`` conformance cases (skipped when the handshake failed), and print
+    their table."""
+    from ws_mode.testing import CaseResult, ConformanceOptions, run_conformance
 
-    patterns = [] if args.all else args.case
     conformance = ConformanceOptions(
         path=path,
         headers=options.headers,
@@ -304,9 +312,6 @@ def _run_cases(
         rate_limited_request=args.rate_limited_request,
         create_fields=args.create_fields,
     )
-    chosen = select_cases(CONFORMANCE_CASES, patterns)
-    if not chosen:
-        raise CommandError(f"no conformance case matches {' '.join(args.case)!r} (see --list)")
     if not handshake_ok:
         results = [
             CaseResult(case.name, case.rule, case.source, "skipped", "the handshake failed")
