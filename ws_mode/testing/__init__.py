@@ -21,6 +21,14 @@ event stream, or the answer differs from the one that HTTP client gets (wrong in
 an output for an unknown call must be refused). A passing check's `coverage` tells what it
 covered. See docs/testing.md.
 
+The conformance suite checks a live endpoint, any server, against WebSocket mode's rules, one
+named case a rule (`CONFORMANCE_CASES`): `run_conformance(url)` runs them all, and under
+pytest `check_conformance_case(case, url)` runs one, a skipped case becoming pytest's skip::
+
+    @pytest.mark.parametrize("case", CONFORMANCE_CASES, ids=str)
+    def test_conformance(case):
+        check_conformance_case(case, "http://127.0.0.1:8000")
+
 Requirements: this module imports **hypothesis** (the strategies), **websockets** (the
 client) and **uvicorn** or **hypercorn** (the server), and **pytest** for the fixture; the
 **openai** SDK, when installed, validates output items (a `SDKValidationWarning` says when
@@ -33,8 +41,9 @@ used, so registering the pytest plugin costs nothing where they are missing.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._check import CheckOptions, CompatibilityCheck, SDKValidationWarning, check_conversation
 from ._program import (
@@ -60,25 +69,61 @@ if "pytest" in sys.modules:
     from ._plugin import CompatibilityChecks, ws_mode_check
 
 
+# The conformance suite: imported on first use, as it imports websockets.
+if TYPE_CHECKING:
+    from ._conformance import (
+        CaseResult,
+        ConformanceCase,
+        ConformanceFailure,
+        ConformanceOptions,
+        conformance_summary,
+    )
+    from ._conformance_cases import (
+        CONFORMANCE_CASES,
+        check_conformance_case,
+        run_conformance,
+    )
+
+#: The conformance suite's public names, by the private module that holds each.
+_CONFORMANCE_NAMES = {
+    "CaseResult": "_conformance",
+    "ConformanceCase": "_conformance",
+    "ConformanceFailure": "_conformance",
+    "ConformanceOptions": "_conformance",
+    "conformance_summary": "_conformance",
+    "CONFORMANCE_CASES": "_conformance_cases",
+    "check_conformance_case": "_conformance_cases",
+    "run_conformance": "_conformance_cases",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in ("CompatibilityChecks", "ws_mode_check"):
         from . import _plugin
 
         return getattr(_plugin, name)
+    if name in _CONFORMANCE_NAMES:
+        module = importlib.import_module(f"{__name__}.{_CONFORMANCE_NAMES[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "CONFORMANCE_CASES",
     "DEFAULT_FIELDS",
     "DEFAULT_INSTRUCTIONS",
     "DEFAULT_LANES",
     "DEFAULT_MODELS",
     "DEFAULT_TOOLS",
     "Action",
+    "CaseResult",
     "CheckOptions",
     "CompatibilityCheck",
     "CompatibilityChecks",
     "CompatibilityError",
+    "ConformanceCase",
+    "ConformanceFailure",
+    "ConformanceOptions",
     "Conversation",
     "Coverage",
     "InputForm",
@@ -89,7 +134,10 @@ __all__ = [
     "Step",
     "TurnReport",
     "WrongInput",
+    "check_conformance_case",
     "check_conversation",
+    "conformance_summary",
     "conversations",
+    "run_conformance",
     "ws_mode_check",
 ]

@@ -4,6 +4,7 @@ each turn's events a valid response stream (docs/protocol.md, "Server events" an
 from __future__ import annotations
 
 import functools
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -310,3 +311,51 @@ def require_sdk_fields(where: str, event: dict[str, Any]) -> None:
 def sdk_models_available() -> bool:
     """Whether the openai SDK's models are there to validate output items."""
     return _sdk_item_models() is not None
+
+
+def envelope_problems(event: Mapping[str, Any], lane: str | None) -> list[str]:
+    """What an `error` event lacks of the envelope clients parse (docs/protocol.md, "Errors"):
+    an integer `status` and `sequence_number`, a nested error with a string `type`, `code`
+    and `message`, and the lane's `stream_id` (none on the default lane)."""
+    problems = []
+    for name in ("status", "sequence_number"):
+        value = event.get(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            problems.append(f"no integer {name!r}")
+    error = event.get("error")
+    if not isinstance(error, dict):
+        return [*problems, "no nested 'error' object"]
+    for name in ("type", "code", "message"):
+        if not isinstance(error.get(name), str):
+            problems.append(f"no string error.{name}")
+    if lane is not None and event.get("stream_id") != lane:
+        problems.append(f"stream_id {event.get('stream_id')!r} instead of {lane!r}")
+    if lane is None and "stream_id" in event:
+        problems.append("a stream_id on the default lane")
+    return problems
+
+
+#: A steer id as OpenAI's: `steer_` and 32 hex digits.
+STEER_ID = re.compile(r"steer_[0-9a-f]{32}\Z")
+
+
+def steer_accepted_problems(event: Mapping[str, Any], target: str, lane: str | None) -> list[str]:
+    """What a `response.steer.accepted` lacks: an integer `sequence_number`, `steer.id` of
+    :data:`STEER_ID`'s form, `steer.previous_response_id` the steered response, and the
+    target's lane."""
+    problems = []
+    sequence = event.get("sequence_number")
+    if not isinstance(sequence, int) or isinstance(sequence, bool):
+        problems.append("no integer 'sequence_number'")
+    steer = event.get("steer")
+    if not isinstance(steer, dict):
+        return [*problems, "no 'steer' object"]
+    if not isinstance(steer.get("id"), str) or not STEER_ID.match(steer["id"]):
+        problems.append(f"steer.id {steer.get('id')!r} is not steer_ and 32 hex digits")
+    if steer.get("previous_response_id") != target:
+        problems.append(
+            f"steer.previous_response_id {steer.get('previous_response_id')!r}, not {target!r}"
+        )
+    if event.get("stream_id") != lane:
+        problems.append(f"stream_id {event.get('stream_id')!r} instead of {lane!r}")
+    return problems

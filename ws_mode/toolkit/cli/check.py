@@ -6,8 +6,12 @@ local or behind proxies and load balancers) and prints one row a check (``ok``, 
 While it runs, it says on stderr what it does (each result as it comes, what a long check waits
 for, each message size probed); ``--quiet`` leaves only the table.
 Exits 1 when a check fails, so a deployment can run it in CI; ``--json FILE`` writes the
-results. The URL is the HTTP API's base (``http://host:8000``, ``https://host/v1``, as the
-openai SDK's ``base_url``) or the socket's own (``wss://host/v1/responses``).
+results. ``--all`` adds the conformance suite (:mod:`ws_mode.testing`'s cases, one per rule of
+WebSocket mode: lanes, limits, the cache, steering, errors, frames), one row a case
+(``passed``, ``FAILED`` or ``skipped``) and a summary line; ``--case PATTERN`` runs the cases
+whose names match, ``--list`` lists them. The URL is the HTTP API's base
+(``http://host:8000``, ``https://host/v1``, as the openai SDK's ``base_url``) or the socket's
+own (``wss://host/v1/responses``).
 """
 
 from __future__ import annotations
@@ -17,13 +21,20 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..args import number
 from .common import PROG, CommandError
 
-__all__ = ["add_command", "parse_size", "run_check", "target_of"]
+if TYPE_CHECKING:
+    from ws_mode.testing import CaseResult, ConformanceCase
+
+    from ..check import CheckOptions
+
+__all__ = ["add_command", "format_cases", "parse_size", "run_check", "target_of"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -76,6 +87,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument(
         "url",
         metavar="URL",
+        nargs="?",
         help="the API's base URL (http://host:8000, https://host/v1) or the socket's "
         "(wss://host/v1/responses)",
     )
@@ -128,6 +140,50 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="the largest message size probed, what the deployment must carry; 0 skips the "
         "probe (default: 64MiB, ws_mode's Limits.max_message_bytes)",
     )
+    check.add_argument(
+        "--all",
+        action="store_true",
+        help="also run every conformance case (WebSocket mode's rules, one case each; see "
+        "docs/testing.md); a skipped case does not fail the run",
+    )
+    check.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also run the conformance cases whose names match PATTERN (shell-style: "
+        "'lanes.*', '*steer*'; repeatable)",
+    )
+    check.add_argument(
+        "--list",
+        action="store_true",
+        help="list the conformance cases (name, rule, source) and exit",
+    )
+    check.add_argument(
+        "--connection-lifetime",
+        type=_TIMEOUT,
+        default=None,
+        metavar="SECONDS",
+        help="how long the server keeps a socket: the errors.connection_lifetime case waits "
+        "that long for websocket_connection_limit_reached (default: skipped)",
+    )
+    check.add_argument(
+        "--rate-limited-request",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="fields of a response.create the server answers with 429 and its rate-limit "
+        'headers, e.g. \'{"model": "limited"}\': the errors.rate_limit_headers case '
+        "checks error.headers (default: skipped)",
+    )
+    check.add_argument(
+        "--create-fields",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="fields every conformance case sends in its response.create, e.g. "
+        "'{\"store\": false}' (default: none)",
+    )
     check.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     check.add_argument(
         "-q",
@@ -137,6 +193,17 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "check waits for): only the table, on stdout",
     )
     check.set_defaults(run=run_check)
+
+
+def _json_object(text: str) -> dict[str, object]:
+    """An argparse type: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _headers(args: argparse.Namespace) -> dict[str, str]:
@@ -154,7 +221,12 @@ def run_check(args: argparse.Namespace) -> int:
     # Imported here: the checks need websockets, which the rest of the command line does not.
     from ..check import CheckOptions, CheckResult, Target, format_report, report_json, run_checks
 
+    if args.list:
+        return _list_cases()
+    if args.url is None:
+        raise CommandError("a URL is needed (only --list runs without one)")
     base, path = target_of(args.url)
+    chosen = _chosen_cases(args) if args.all or args.case else None
     if args.max_probe_bytes and args.min_probe_bytes > args.max_probe_bytes:
         raise CommandError("--min-probe-bytes is larger than --max-probe-bytes")
     options = CheckOptions(
@@ -180,9 +252,104 @@ def run_check(args: argparse.Namespace) -> int:
     say(f"{PROG} check: checking {target.url}")
     report = run_checks(target, options, on_result, on_progress)
     print("\n".join(format_report(report)), flush=True)
+    cases = None
+    if chosen is not None:
+        handshake_ok = report.result("handshake").status == "ok"
+        cases = _run_cases(args, chosen, base, path, options, handshake_ok, say)
     if args.json is not None:
+        written = report_json(report)
+        if cases is not None:
+            written["cases"] = [_case_json(result) for result in cases]
+            written["ok"] = written["ok"] and all(r.outcome != "failed" for r in cases)
         try:
-            Path(args.json).write_text(json.dumps(report_json(report), indent=2) + "\n")
+            Path(args.json).write_text(json.dumps(written, indent=2) + "\n")
         except OSError as exc:
             raise CommandError(f"cannot write {args.json}: {exc}") from None
-    return 0 if report.ok else 1
+    failed = cases is not None and any(result.outcome == "failed" for result in cases)
+    return 0 if report.ok and not failed else 1
+
+
+def _list_cases() -> int:
+    from ws_mode.testing import CONFORMANCE_CASES
+
+    width = max(len(case.name) for case in CONFORMANCE_CASES)
+    for case in CONFORMANCE_CASES:
+        print(f"{case.name.ljust(width)}  {case.rule} ({case.source})")
+    return 0
+
+
+def _chosen_cases(args: argparse.Namespace) -> list[ConformanceCase]:
+    """The conformance cases ``--all`` or ``--case`` asks for; :class:`CommandError` when the
+    patterns match none."""
+    from ws_mode.testing import CONFORMANCE_CASES
+    from ws_mode.testing._conformance import select_cases
+
+    chosen = select_cases(CONFORMANCE_CASES, [] if args.all else args.case)
+    if not chosen:
+        raise CommandError(f"no conformance case matches {' '.join(args.case)!r} (see --list)")
+    return chosen
+
+
+def _run_cases(
+    args: argparse.Namespace,
+    chosen: list[ConformanceCase],
+    base: str,
+    path: str,
+    options: CheckOptions,
+    handshake_ok: bool,
+    say: Callable[[str], None],
+) -> list[CaseResult]:
+    """Run the ``chosen`` conformance cases (skipped when the handshake failed), and print
+    their table."""
+    from ws_mode.testing import CaseResult, ConformanceOptions, run_conformance
+
+    conformance = ConformanceOptions(
+        path=path,
+        headers=options.headers,
+        model=options.model,
+        timeout=options.timeout,
+        connection_lifetime=args.connection_lifetime,
+        rate_limited_request=args.rate_limited_request,
+        create_fields=args.create_fields,
+    )
+    if not handshake_ok:
+        results = [
+            CaseResult(case.name, case.rule, case.source, "skipped", "the handshake failed")
+            for case in chosen
+        ]
+    else:
+        say(f"{PROG} check: conformance cases")
+        results = run_conformance(
+            base,
+            conformance,
+            cases=[case.name for case in chosen],
+            on_result=lambda result: say(f"  {result.name}: {result.outcome}"),
+        )
+    print("\n".join(format_cases(results)), flush=True)
+    return results
+
+
+def format_cases(results: Sequence[CaseResult]) -> list[str]:
+    """The conformance cases as lines: one row a case (name, outcome, detail), then the
+    summary line."""
+    from ws_mode.testing import conformance_summary
+
+    width = max(len("case"), *(len(result.name) for result in results))
+    shown = {"passed": "passed", "failed": "FAILED", "skipped": "skipped"}
+    lines = ["", f"  {'case'.ljust(width)}  {'outcome':7}  detail", "  " + "-" * (width + 40)]
+    for result in results:
+        row = f"  {result.name.ljust(width)}  {shown[result.outcome]:7}  {result.detail}"
+        lines.append(row.rstrip())
+    lines += ["", "conformance: " + conformance_summary(results)]
+    return lines
+
+
+def _case_json(result: CaseResult) -> dict[str, object]:
+    return {
+        "name": result.name,
+        "outcome": result.outcome,
+        "detail": result.detail,
+        "rule": result.rule,
+        "source": result.source,
+        "seconds": round(result.seconds, 3),
+    }
