@@ -89,6 +89,14 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=600.0,
         help="seconds to wait for the upstream on each read (default: %(default)g)",
     )
+    proxy.add_argument(
+        "--ws-per-message-deflate",
+        choices=("true", "false"),
+        default="true",
+        help="accept the permessage-deflate compression clients offer on the socket (the "
+        "openai SDK does): fewer bytes down a slow link, more CPU per event frame "
+        "(default: %(default)s; docs/proxy.md measures both)",
+    )
     add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
@@ -134,7 +142,15 @@ def _proxy(args: argparse.Namespace) -> int:
         )
 
     served = serve_metrics(app, args.metrics)
-    run_server(served, args, limits, metrics_banner(banner, args.metrics), "proxy", lifespan="on")
+    run_server(
+        served,
+        args,
+        limits,
+        metrics_banner(banner, args.metrics),
+        "proxy",
+        lifespan="on",
+        ws_per_message_deflate=args.ws_per_message_deflate == "true",
+    )
     return 0
 
 
