@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -81,6 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--reference", action="store_true", help="the reference server as the upstream"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="one more ws-mode proxy in the run, started with these flags (repeatable), as "
+        "'sansio=--ws websockets-sansio'",
+    )
     args = parser.parse_args(arguments)
     options: dict[str, Any] = {
         "turns": args.turns,
@@ -121,8 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             HTTP: Mode("HTTP -> upstream (no proxy)", None),
             "ws-mode": Mode("socket -> ws-mode proxy", ws_mode),
             "ws-mode, no deflate": Mode("socket -> ws-mode proxy, no deflate", plain),
-            AGENTIC: Mode("socket -> agentic-api", agentic),
         }
+        for variant in args.variant:
+            name, _, flags = variant.partition("=")
+            command = ws_mode_command(upstream, *shlex.split(flags))
+            log = workdir / f"ws-mode-{len(modes)}.log"
+            front = stack.enter_context(front_process(command, "/healthz", log))
+            modes[name] = Mode(f"socket -> ws-mode proxy {flags}", front)
+        modes[AGENTIC] = Mode("socket -> agentic-api", agentic)
         results = compare(upstream, modes, options, args.rounds)
     upstream_name = "reference upstream" if args.reference else "cheap upstream"
     print(f"agentic-api against ws-mode proxy, {upstream_name}")

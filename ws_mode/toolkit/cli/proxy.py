@@ -34,6 +34,13 @@ from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 __all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting), and ours.
+WS_IMPLEMENTATIONS: Final = {
+    "batched": "ws_mode.toolkit.cli.ws_protocol:BatchingWebSocketProtocol",
+    "websockets-sansio": "websockets-sansio",
+    "websockets": "websockets",
+    "wsproto": "wsproto",
+}
 #: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
 #: and httpx (its timeouts; the upstream client when aiohttp, also in the extra, is missing).
 PROXY_REQUIREMENTS: Final = Requirements("proxy", ("uvicorn", "websockets", "httpx"))
@@ -89,6 +96,13 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=number(float, 0, strict=True),
         default=600.0,
         help="seconds to wait for the upstream on each read (default: %(default)g)",
+    )
+    proxy.add_argument(
+        "--ws",
+        choices=tuple(WS_IMPLEMENTATIONS),
+        default="batched",
+        help="uvicorn's WebSocket implementation: batched is websockets-sansio writing the "
+        "frames an event loop pass produces in one system call (default: %(default)s)",
     )
     proxy.add_argument(
         "--ws-per-message-deflate",
@@ -151,6 +165,7 @@ def _proxy(args: argparse.Namespace) -> int:
         metrics_banner(banner, args.metrics),
         "proxy",
         lifespan="on",
+        ws=WS_IMPLEMENTATIONS[args.ws],
         ws_per_message_deflate=args.ws_per_message_deflate == "true",
     )
     return 0
