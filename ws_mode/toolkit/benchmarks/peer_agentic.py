@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from ws_mode.testing._loopback import HOST, server_process
 
+from ..link import LinkSpec, link_process
 from .peer_run import HTTP, Mode, compare, front_process, report, ws_mode_command
 from .recorded_upstream import MODEL
 
@@ -81,6 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tool-output-bytes", type=int, default=4096)
     parser.add_argument(
         "--reference", action="store_true", help="the reference server as the upstream"
+    )
+    parser.add_argument(
+        "--link",
+        type=LinkSpec.parse,
+        metavar="SPEC",
+        help="put each client's connection through a modelled link (ws_mode.toolkit.link), as "
+        "'rtt=30ms,up=10mbit,down=10mbit'; the fronts reach the upstream on loopback",
     )
     parser.add_argument(
         "--variant",
@@ -138,9 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             front = stack.enter_context(front_process(command, "/healthz", log))
             modes[name] = Mode(f"socket -> ws-mode proxy {flags}", front)
         modes[AGENTIC] = Mode("socket -> agentic-api", agentic)
+        if args.link is not None:  # every client through its own relay of the modelled link
+            for name, mode in modes.items():
+                target = upstream if mode.front is None else mode.front.base_url
+                relay = stack.enter_context(link_process(args.link, target))
+                modes[name] = Mode(mode.label, mode.front, relay)
         results = compare(upstream, modes, options, args.rounds)
     upstream_name = "reference upstream" if args.reference else "cheap upstream"
-    print(f"agentic-api against ws-mode proxy, {upstream_name}")
+    link = f", client -> front through {args.link.describe()}" if args.link else ""
+    print(f"agentic-api against ws-mode proxy, {upstream_name}{link}")
     report(
         results,
         modes,

@@ -142,11 +142,13 @@ class Measured:
 
 @dataclass(frozen=True)
 class Mode:
-    """One way of running the rollout: its table label, and the front it goes through (None:
-    straight to the upstream over HTTP)."""
+    """One way of running the rollout: its table label, the front it goes through (None:
+    straight to the upstream over HTTP), and where the client connects when that is not the
+    front (or the upstream) itself (a link relay in front of it)."""
 
     label: str
     front: Front | None
+    via: str | None = None
 
 
 def run_one(
@@ -188,10 +190,13 @@ def compare(
     headers: dict[str, str] = dict(options.get("headers") or {})
     tool_output_bytes: int = options["tool_output_bytes"]
 
+    def url_of(mode: Mode) -> str:
+        return mode.via or (upstream if mode.front is None else mode.front.base_url)
+
     def rollout(mode: Mode) -> Callable[[], RolloutResult]:
+        base_url = url_of(mode)
         if mode.front is None:
-            return lambda: run_http(upstream, **options)
-        base_url = mode.front.base_url
+            return lambda: run_http(base_url, **options)
         return lambda: run_socket(base_url, **options)
 
     def pid_of(mode: Mode) -> int | None:
@@ -205,9 +210,9 @@ def compare(
     for name, mode in modes.items():
         fetch_records(upstream, reset=True)
         if mode.front is None:
-            converse_http(upstream, headers)
+            converse_http(url_of(mode), headers)
         else:
-            converse_socket(mode.front.base_url, headers)
+            converse_socket(url_of(mode), headers)
         records = fetch_records(upstream, reset=True)
         first = [user_message(PROMPTS[0])]
         results[name].conversation = check_history(
