@@ -134,6 +134,7 @@ class Measured:
     sent: list[int] = field(default_factory=list)
     turns: int = 0
     exact: int = 0
+    exact_input: int = 0
     differences: list[str] = field(default_factory=list)
     rss_after_warmup: int | None = None
     peak_rss: int | None = None
@@ -173,6 +174,7 @@ def run_one(
     )
     measured.turns += check.turns
     measured.exact += check.exact
+    measured.exact_input += check.exact_input
     if check.differences and not measured.differences:
         measured.differences = check.differences
 
@@ -279,8 +281,10 @@ def report(
             format_bytes(m.rss_after_warmup),
             format_bytes(m.peak_rss),
             format_bytes(median(m.sent)),
-            f"{m.exact}/{m.turns} turns",
-            f"{m.conversation.exact}/{m.conversation.turns} turns" if m.conversation else "-",
+            _exact(m.exact, m.exact_input, m.turns),
+            _exact(m.conversation.exact, m.conversation.exact_input, m.conversation.turns)
+            if m.conversation
+            else "-",
         ]
         if against is not None:
             cells.insert(3, _ratios(m, results[against]))
@@ -291,6 +295,12 @@ def report(
             print(f"\n{name}, tool loop, first difference: {line}")
         for line in conversation.differences if conversation else ():
             print(f"\n{name}, conversation, first difference: {line}")
+
+
+def _exact(exact: int, exact_input: int, turns: int) -> str:
+    """``exact/turns turns``, and how many had the exact input when fewer were exact."""
+    inputs = f" (input: {exact_input})" if exact_input != exact else ""
+    return f"{exact}/{turns} turns{inputs}"
 
 
 def _ratios(measured: Measured, other: Measured) -> str:

@@ -141,6 +141,8 @@ class Check:
 
     turns: int = 0
     exact: int = 0
+    #: Turns whose input was exact, whatever the other fields.
+    exact_input: int = 0
     differences: list[str] = field(default_factory=list)
 
 
@@ -160,6 +162,7 @@ def check_history(
         request: dict[str, Any] = record["request"]
         received = request.get("input")
         others = {key: value for key, value in request.items() if key != "input"}
+        check.exact_input += received == expected
         if received == expected and others == fields:
             check.exact += 1
         elif not check.differences:
