@@ -128,3 +128,17 @@ def test_a_rollout_over_the_batched_protocol(deflate: bool) -> None:
         assert turn[0] == "response.created"
         assert turn[-1] == "response.completed"
     assert all("response.function_call_arguments.done" in turn for turn in kinds)
+
+
+def test_every_ws_choice_is_a_protocol_uvicorn_loads() -> None:
+    import uvicorn
+
+    from ws_mode.toolkit.cli.ws_protocol import BatchingWebSocketProtocol
+
+    loaded = {}
+    for name, ws in WS_IMPLEMENTATIONS.items():
+        config = uvicorn.Config(WebSocketModeMiddleware(create_app()), ws=ws)
+        config.load()
+        loaded[name] = config.ws_protocol_class
+    assert loaded["batched"] is BatchingWebSocketProtocol
+    assert all(protocol is not None for protocol in loaded.values())

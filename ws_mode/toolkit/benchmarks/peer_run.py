@@ -245,8 +245,9 @@ def report(
     rounds: int,
     against: str | None = None,
 ) -> None:
-    """Print the table (Markdown: wall time against direct HTTP, and, with ``against`` (a
-    mode's name), wall, CPU and RSS as ratios to that mode's) and each mode's first history
+    """Print the table (Markdown: medians, wall time against direct HTTP, and, with ``against``
+    (a mode's name), wall, CPU and RSS as ratios to that mode's; the best rollout's wall and CPU
+    too, steadier than the medians on a busy machine) and each mode's first history
     difference."""
     base = median(results[HTTP].walls)
     print(f"{turns}-turn tool loop, {tool_output_bytes} B tool outputs, ", end="")
@@ -257,6 +258,7 @@ def report(
         "vs HTTP",
         "proxy CPU per rollout",
         "proxy CPU per turn",
+        "best rollout: wall, proxy CPU",
         "proxy RSS after warm-up",
         "proxy peak RSS",
         "client sent",
@@ -278,6 +280,7 @@ def report(
             f"{wall / base:.2f}x",
             format_seconds(cpu) if cpu is not None else "-",
             format_seconds(per_turn) if per_turn is not None else "-",
+            f"{format_seconds(min(m.walls))}, {format_seconds(min(m.cpus)) if m.cpus else '-'}",
             format_bytes(m.rss_after_warmup),
             format_bytes(m.peak_rss),
             format_bytes(median(m.sent)),
@@ -306,13 +309,17 @@ def _exact(exact: int, exact_input: int, turns: int) -> str:
 def _ratios(measured: Measured, other: Measured) -> str:
     """``wall / CPU / peak RSS`` of ``measured`` as ratios to ``other``'s ("-" where unknown)."""
 
-    def ratio(mine: Sequence[float] | int | None, theirs: Sequence[float] | int | None) -> str:
+    def ratio(
+        mine: Sequence[float] | int | None,
+        theirs: Sequence[float] | int | None,
+        pick: Callable[[Sequence[float]], float] = median,
+    ) -> str:
         if not mine or not theirs:
             return "-"
-        a = mine if isinstance(mine, int) else median(mine)
-        b = theirs if isinstance(theirs, int) else median(theirs)
+        a = mine if isinstance(mine, int) else pick(mine)
+        b = theirs if isinstance(theirs, int) else pick(theirs)
         return f"{a / b:.2f}" if b else "-"
 
-    walls = ratio(measured.walls, other.walls)
-    cpus = ratio(measured.cpus, other.cpus)
+    walls = f"{ratio(measured.walls, other.walls)} (best {ratio(measured.walls, other.walls, min)})"
+    cpus = f"{ratio(measured.cpus, other.cpus)} (best {ratio(measured.cpus, other.cpus, min)})"
     return f"{walls} / {cpus} / {ratio(measured.peak_rss, other.peak_rss)}"

@@ -34,11 +34,11 @@ from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 __all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
-#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting), and ours.
+#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting; not its deprecated
+#: ``websockets`` one), and ours.
 WS_IMPLEMENTATIONS: Final = {
     "batched": "ws_mode.toolkit.cli.ws_protocol:BatchingWebSocketProtocol",
     "websockets-sansio": "websockets-sansio",
-    "websockets": "websockets",
     "wsproto": "wsproto",
 }
 #: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
