@@ -11,7 +11,7 @@ from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.testing._client import connect
 from ws_mode.toolkit.cli.proxy import WS_IMPLEMENTATIONS
-from ws_mode.toolkit.cli.ws_protocol import BatchingTransport
+from ws_mode.toolkit.cli.ws_protocol import FLUSH_BYTES, BatchingTransport
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 
@@ -35,6 +35,9 @@ class RecordingTransport:
     def abort(self) -> None:
         self.closing = True
         self.calls.append(("abort", None))
+
+    def write_eof(self) -> None:
+        self.calls.append(("write_eof", None))
 
     def get_write_buffer_size(self) -> int:
         return 7
@@ -84,6 +87,24 @@ def test_close_writes_what_is_kept_first_and_abort_drops_it() -> None:
     closed, aborted = asyncio.run(scenario())
     assert closed == [("write", b"close frame"), ("close", None)]
     assert aborted == [("abort", None)]
+
+
+def test_a_long_burst_is_written_without_waiting_for_the_end_of_the_pass() -> None:
+    async def scenario() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        batching, real = await _batching()
+        half = b"x" * (FLUSH_BYTES // 2)
+        batching.write(half)
+        batching.write(half)  # FLUSH_BYTES kept: written now, where flow control sees them
+        within_the_pass = list(real.calls)
+        batching.write(b"tail")
+        batching.write_eof()  # what is kept goes before the end of the writing side
+        await _next_pass()
+        return within_the_pass, real.calls
+
+    within_the_pass, calls = asyncio.run(scenario())
+    burst = ("write", b"x" * (FLUSH_BYTES // 2 * 2))
+    assert within_the_pass == [burst]
+    assert calls == [burst, ("write", b"tail"), ("write_eof", None)]
 
 
 def test_nothing_is_written_to_a_closing_transport_and_the_rest_is_the_transports() -> None:
