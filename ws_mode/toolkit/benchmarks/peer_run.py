@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import subprocess
 import sys
 import time
@@ -179,6 +180,15 @@ def run_one(
         measured.differences = check.differences
 
 
+def round_order(names: Sequence[str], round_: int) -> list[str]:
+    """The modes' order in round ``round_``: shuffled, the same for the same round. A rotation
+    would keep each mode behind the same other one every round, and a front's work after its
+    answer (agentic-api's store writes) would always land on the same neighbour."""
+    order = list(names)
+    random.Random(round_).shuffle(order)
+    return order
+
+
 def compare(
     upstream: str,
     modes: Mapping[str, Mode],
@@ -187,7 +197,7 @@ def compare(
 ) -> dict[str, Measured]:
     """Run every mode's rollout (``options``: :class:`~ws_mode.toolkit.rollout.RolloutOptions`)
     once as a warm-up (checked, not timed; each front's RSS read after it), check a short
-    conversation once per mode, then ``rounds`` rounds, the modes' order rotated every round;
+    conversation once per mode, then ``rounds`` rounds in :func:`round_order`;
     each front's peak RSS at the end."""
     headers: dict[str, str] = dict(options.get("headers") or {})
     tool_output_bytes: int = options["tool_output_bytes"]
@@ -222,8 +232,7 @@ def compare(
         )
     names = list(modes)
     for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in round_order(names, round_):
             mode = modes[name]
             run_one(rollout(mode), upstream, pid_of(mode), tool_output_bytes, results[name])
         print(f"round {round_ + 1}/{rounds} done", file=sys.stderr, flush=True)
