@@ -117,7 +117,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    _skip_unused_imports()
+    import_servers_lean()
     import httpx
 
     from ws_mode._errors import ConfigError
@@ -179,12 +179,26 @@ def _proxy(args: argparse.Namespace) -> int:
 _UNUSED_IMPORTS: Final = ("httpx._main", "watchfiles")
 
 
-def _skip_unused_imports() -> None:
-    """Keep :data:`_UNUSED_IMPORTS` from being imported (a ``None`` in ``sys.modules`` makes
-    their import fail), unless something imported them already."""
-    for name in _UNUSED_IMPORTS:
-        if name.partition(".")[0] not in sys.modules:
-            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+def import_servers_lean() -> None:
+    """Import httpx and uvicorn without :data:`_UNUSED_IMPORTS` (a ``None`` in ``sys.modules``
+    makes their import fail, and both libraries fall back), unless something imported those
+    already; should a version of either need them after all, both are imported whole."""
+    blocked = [
+        name
+        for name in _UNUSED_IMPORTS
+        if name.partition(".")[0] not in sys.modules and name not in sys.modules
+    ]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import httpx
+        import uvicorn
+    except ImportError:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+        import httpx  # noqa: F401
+        import uvicorn  # noqa: F401
 
 
 def _store_scoping(args: argparse.Namespace, api_key: str | None) -> tuple[dict[str, Any], str]:
