@@ -46,6 +46,8 @@ PATH: Final = "/v1/responses"
 SIZES: Final = (2 * 1024, 100 * 1024, 1024 * 1024)
 CLIENTS: Final = ("httpx", "httpcore", "aiohttp")
 _OUTPUT_MARK: Final = b'"function_call_output"'
+#: The reference server's way of asking for no tool call (the peer comparisons' conversation).
+_NO_TOOLS_MARK: Final = b'"reference_tool_calls":"0"'
 
 # ----------------------------------------------------------------------------- the upstream
 
@@ -63,18 +65,26 @@ def _response(response_id: str, status: str, output: list[Any]) -> dict[str, Any
 
 
 def turn_events(number: int, answer: bool) -> list[bytes]:
-    """One turn's SSE events, encoded: a function call (8 events), or a short message."""
+    """One turn's SSE events, encoded: a function call (8 events), or a short message (9)."""
     response_id = f"resp_cheap_{os.getpid()}_{number}"
+    added: dict[str, Any]
     if answer:
+        part = {"type": "output_text", "text": "done", "annotations": []}
         item: dict[str, Any] = {
             "type": "message",
             "id": f"msg_{number}",
             "role": "assistant",
             "status": "completed",
-            "content": [{"type": "output_text", "text": "done", "annotations": []}],
+            "content": [part],
         }
+        # The whole part sequence, as a strict gateway (agentic-api's) insists on.
+        added = {**item, "status": "in_progress", "content": []}
+        at = {"item_id": item["id"], "output_index": 0, "content_index": 0}
         middle = [
-            {"type": "response.output_text.delta", "item_id": item["id"], "delta": "done"},
+            {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+            {"type": "response.output_text.delta", **at, "delta": "done"},
+            {"type": "response.output_text.done", **at, "text": "done"},
+            {"type": "response.content_part.done", **at, "part": part},
         ]
     else:
         item = {
@@ -96,10 +106,11 @@ def turn_events(number: int, answer: bool) -> list[bytes]:
                 "arguments": item["arguments"],
             }
         )
+        added = item
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": _response(response_id, "in_progress", [])},
         {"type": "response.in_progress", "response": _response(response_id, "in_progress", [])},
-        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.output_item.added", "output_index": 0, "item": added},
         *middle,
         {"type": "response.output_item.done", "output_index": 0, "item": item},
         {"type": "response.completed", "response": _response(response_id, "completed", [item])},
@@ -109,7 +120,9 @@ def turn_events(number: int, answer: bool) -> list[bytes]:
 
 class CheapUpstream:
     """A raw ASGI Responses upstream at zero cost: reads the body without parsing it, answers a
-    function call until the body holds ``tool_calls`` tool outputs, then a message."""
+    function call until the body holds ``tool_calls`` tool outputs, then a message (a message
+    at once when the metadata asks for no tool call as the reference server's does:
+    ``"reference_tool_calls":"0"``)."""
 
     def __init__(self, tool_calls: int) -> None:
         self.tool_calls = tool_calls
@@ -125,7 +138,7 @@ class CheapUpstream:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
-        answer = bytes(body).count(_OUTPUT_MARK) >= self.tool_calls
+        answer = _NO_TOOLS_MARK in body or body.count(_OUTPUT_MARK) >= self.tool_calls
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         for event in turn_events(next(self.count), answer):

@@ -20,7 +20,8 @@ HTTP client keeps (the previous input, the previous output as the upstream retur
 outputs) and the client's fields (``ws_mode/toolkit/benchmarks/recorded_upstream.py``). Per proxy:
 its RSS after the warm-up and its peak RSS. Once per front, untimed, a three-message conversation
 (each answer an assistant message) is checked the same way. Each proxy and the upstream run in their
-own processes; the client runs here.
+own processes; the client runs here. The runner is ``peer_run.py``, shared with the agentic-api
+comparison.
 
 Run it in the ws_mode venv (from any directory), giving LiteLLM's executable or the python of
 the separate venv it is installed in::
@@ -34,97 +35,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import secrets
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from ws_mode.testing._loopback import HOST, bind_loopback, server_process, wait_answering
+from ws_mode.testing._loopback import HOST, server_process
 
-from ..agent import DEFAULT_PROMPT, user_message
-from ..bench.control import process_cpu
-from ..measure import format_bytes, format_seconds, median, memory
-from ..rollout import RolloutResult, run_http, run_socket
-from .recorded_upstream import (
-    CONVERSATION_FIELDS,
-    MODEL,
-    PROMPTS,
-    Check,
-    check_history,
-    conversation_follow,
-    converse_http,
-    converse_socket,
-    fetch_records,
-    tool_loop_fields,
-    tool_outputs,
-)
-
-SETTLE_SECONDS: Final = 0.3
-MODES: Final = ("http", "ws-mode", "litellm")
-
-
-# ----------------------------------------------------------------------------- the processes
-
-
-@dataclass(frozen=True)
-class Front:
-    """A proxy running in a child process: its base URL and process id."""
-
-    base_url: str
-    pid: int
-
-
-def _free_port() -> int:
-    with bind_loopback() as sock:
-        port: int = sock.getsockname()[1]
-    return port
-
-
-@contextlib.contextmanager
-def front_process(
-    command: Callable[[int], list[str]],
-    ready_path: str,
-    log: Path,
-    env: dict[str, str] | None = None,
-) -> Iterator[Front]:
-    """Run ``command(port)`` until the block ends; yield it once it answers ``GET ready_path``."""
-    port = _free_port()
-    base_url = f"http://{HOST}:{port}"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            command(port),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=log.parent,
-            start_new_session=True,
-        )
-        try:
-            wait_answering(base_url, process, path=ready_path, timeout=180)
-            yield Front(base_url, process.pid)
-        except Exception:
-            print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
-        finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-
-
-def ws_mode_command(upstream: str) -> Callable[[int], list[str]]:
-    """The command line of ``ws-mode proxy`` in front of the upstream."""
-    start = [sys.executable, "-m", "ws_mode.toolkit.cli", "proxy", "--upstream", upstream + "/v1"]
-    return lambda port: [*start, "--host", HOST, "--port", str(port), "--log-level", "warning"]
+from .peer_run import HTTP, Mode, compare, front_process, report, ws_mode_command
+from .recorded_upstream import MODEL
 
 
 def litellm_command(peer: str, config: Path) -> Callable[[int], list[str]]:
@@ -147,58 +68,6 @@ def litellm_config(upstream: str, master_key: str) -> str:
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    """Process `pid`'s CPU time so far (user + system, all threads), read from outside."""
-    seconds = process_cpu(pid)
-    if seconds is None:
-        raise RuntimeError("this system cannot read another process's CPU-time clock")
-    return seconds
-
-
-# ----------------------------------------------------------------------------- the run
-
-
-@dataclass
-class Measured:
-    """What one mode measured over the rounds."""
-
-    walls: list[float] = field(default_factory=list)
-    cpus: list[float] = field(default_factory=list)
-    sent: list[int] = field(default_factory=list)
-    turns: int = 0
-    exact: int = 0
-    differences: list[str] = field(default_factory=list)
-    rss_after_warmup: int | None = None
-    peak_rss: int | None = None
-    conversation: Check | None = None
-
-
-def run_one(
-    run: Callable[[], RolloutResult],
-    upstream: str,
-    pid: int | None,
-    tool_output_bytes: int,
-    measured: Measured,
-) -> None:
-    """One rollout: its wall time, the proxy's CPU, and the check of the upstream's requests."""
-    fetch_records(upstream, reset=True)
-    before = cpu_seconds(pid) if pid is not None else 0.0
-    result = run()
-    if pid is not None:
-        time.sleep(SETTLE_SECONDS)
-        measured.cpus.append(cpu_seconds(pid) - before)
-    measured.walls.append(result.total_seconds)
-    measured.sent.append(result.bytes_sent)
-    records = fetch_records(upstream, reset=True)
-    check = check_history(
-        records, tool_loop_fields(), [user_message(DEFAULT_PROMPT)], tool_outputs(tool_output_bytes)
-    )
-    measured.turns += check.turns
-    measured.exact += check.exact
-    if check.differences and not measured.differences:
-        measured.differences = check.differences
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print its table."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -209,11 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tool-output-bytes", type=int, default=4096)
     args = parser.parse_args(arguments)
     master_key = "sk-" + secrets.token_hex(24)
-    headers = {"authorization": f"Bearer {master_key}"}
     options: dict[str, Any] = {
         "turns": args.turns,
         "tool_output_bytes": args.tool_output_bytes,
-        "headers": headers,
+        "headers": {"authorization": f"Bearer {master_key}"},
         "model": MODEL,
         "timeout": 120.0,
     }
@@ -239,86 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
             )
         )
-        runs: dict[str, tuple[Callable[[], RolloutResult], int | None]] = {
-            "http": (lambda: run_http(upstream, **options), None),
-            "ws-mode": (lambda: run_socket(ws_mode.base_url, **options), ws_mode.pid),
-            "litellm": (lambda: run_socket(litellm.base_url, **options), litellm.pid),
+        modes = {
+            HTTP: Mode("HTTP -> upstream (no proxy)", None),
+            "ws-mode": Mode("socket -> ws-mode proxy", ws_mode),
+            "litellm": Mode("socket -> LiteLLM", litellm),
         }
-        results = {mode: Measured() for mode in MODES}
-        for mode, (run, pid) in runs.items():  # warm-up, checked but not timed
-            warm = Measured()
-            run_one(run, upstream, pid, args.tool_output_bytes, warm)
-            if pid is not None:
-                results[mode].rss_after_warmup = memory(pid).rss
-        conversations: dict[str, Callable[[], None]] = {
-            "http": lambda: converse_http(upstream, headers),
-            "ws-mode": lambda: converse_socket(ws_mode.base_url, headers),
-            "litellm": lambda: converse_socket(litellm.base_url, headers),
-        }
-        for mode, converse in conversations.items():
-            fetch_records(upstream, reset=True)
-            converse()
-            records = fetch_records(upstream, reset=True)
-            first = [user_message(PROMPTS[0])]
-            check = check_history(records, CONVERSATION_FIELDS, first, conversation_follow)
-            results[mode].conversation = check
-        for round_ in range(args.rounds):
-            order = MODES[round_ % 3 :] + MODES[: round_ % 3]
-            for mode in order:
-                run, pid = runs[mode]
-                run_one(run, upstream, pid, args.tool_output_bytes, results[mode])
-            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        for mode, (_, pid) in runs.items():
-            if pid is not None:
-                results[mode].peak_rss = memory(pid).peak
-    report(results, args)
-    return 0
-
-
-def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
-    """Print the table (Markdown) and the first difference each mode showed."""
-    base = median(results["http"].walls)
-    print(f"{args.turns}-turn tool loop, {args.tool_output_bytes} B tool outputs, ", end="")
-    print(f"median of {args.rounds} interleaved rollouts\n")
-    columns = (
-        "client -> front",
-        "wall per rollout",
-        "vs HTTP",
-        "proxy CPU per rollout",
-        "proxy RSS after warm-up",
-        "proxy peak RSS",
-        "client sent",
-        "exact history: tool loop",
-        "exact history: conversation",
+        results = compare(upstream, modes, options, args.rounds)
+    report(
+        results,
+        modes,
+        turns=args.turns,
+        tool_output_bytes=args.tool_output_bytes,
+        rounds=args.rounds,
     )
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    names = {
-        "http": "HTTP -> upstream (no proxy)",
-        "ws-mode": "socket -> ws-mode proxy",
-        "litellm": "socket -> LiteLLM",
-    }
-    for mode in MODES:
-        m = results[mode]
-        wall = median(m.walls)
-        cells = (
-            names[mode],
-            format_seconds(wall),
-            f"{wall / base:.2f}x",
-            format_seconds(median(m.cpus)) if m.cpus else "-",
-            format_bytes(m.rss_after_warmup),
-            format_bytes(m.peak_rss),
-            format_bytes(median(m.sent)),
-            f"{m.exact}/{m.turns} turns",
-            f"{m.conversation.exact}/{m.conversation.turns} turns" if m.conversation else "-",
-        )
-        print("| " + " | ".join(cells) + " |")
-    for mode in MODES:
-        conversation = results[mode].conversation
-        for line in results[mode].differences:
-            print(f"\n{mode}, tool loop, first difference: {line}")
-        for line in conversation.differences if conversation else ():
-            print(f"\n{mode}, conversation, first difference: {line}")
+    return 0
 
 
 if __name__ == "__main__":

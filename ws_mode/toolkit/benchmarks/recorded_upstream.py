@@ -2,7 +2,9 @@
 check.
 
 The upstream is the reference server (``ws_mode.toolkit.reference``, plain HTTP, no WebSocket mode,
-zero model cost) behind :class:`Recorder`, which keeps the body of every ``POST /v1/responses``
+zero model cost), or with ``--cheap`` the cheaper raw ASGI upstream of ``http_clients.py`` (it
+does not even parse the body, so a front's cost is not lost in the upstream's), behind
+:class:`Recorder`, which keeps the body of every ``POST /v1/responses``
 and of its answer and hands them out at ``GET /record``. :func:`check_history` compares each
 recorded request with the full history an HTTP client keeps (the previous input, the upstream's
 output to it, what the client sent next) and with the client's other fields, so it tells
@@ -10,7 +12,7 @@ whether a proxy in front rebuilt the exact history. Two workloads: the agent too
 ``ws_mode.toolkit.rollout`` (:func:`tool_outputs`), and a three-message conversation whose every
 answer is an assistant message (:func:`converse_http`, :func:`converse_socket`).
 
-Run as ``python -m ws_mode.toolkit.benchmarks.recorded_upstream --turns N --fd FD`` by
+Run as ``python -m ws_mode.toolkit.benchmarks.recorded_upstream --turns N [--cheap] --fd FD`` by
 :func:`~ws_mode.testing._loopback.server_process`.
 """
 
@@ -36,6 +38,7 @@ from ..agent import DEFAULT_INSTRUCTIONS, DEFAULT_TOOLS, user_message
 from ..http_client import HttpClient
 from ..reference import ReferenceConfig, create_app
 from ..rollout import tool_output
+from .http_clients import CheapUpstream
 
 RECORD_PATH: Final = "/record"
 API_PATH: Final = "/v1/responses"
@@ -105,13 +108,20 @@ def _output(answer: bytes | bytearray) -> list[Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The upstream child: the reference server, plain HTTP, behind the recorder."""
+    """The upstream child: the reference server (or the cheap one), plain HTTP, behind the
+    recorder."""
     parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.benchmarks.recorded_upstream")
     parser.add_argument("--turns", type=int, required=True)
+    parser.add_argument("--cheap", action="store_true", help="the cheap upstream of http_clients")
     add_child_arguments(parser)
     args = parser.parse_args(argv)
-    reference = create_app(ReferenceConfig(tool_calls=args.turns - 1))
-    serve_inherited(Recorder(reference), args)
+    tool_calls = args.turns - 1
+    upstream = (
+        CheapUpstream(tool_calls)
+        if args.cheap
+        else create_app(ReferenceConfig(tool_calls=tool_calls))
+    )
+    serve_inherited(Recorder(upstream), args)
 
 
 def fetch_records(upstream: str, *, reset: bool) -> list[dict[str, Any]]:
@@ -131,6 +141,8 @@ class Check:
 
     turns: int = 0
     exact: int = 0
+    #: Turns whose input was exact, whatever the other fields.
+    exact_input: int = 0
     differences: list[str] = field(default_factory=list)
 
 
@@ -150,6 +162,7 @@ def check_history(
         request: dict[str, Any] = record["request"]
         received = request.get("input")
         others = {key: value for key, value in request.items() if key != "input"}
+        check.exact_input += received == expected
         if received == expected and others == fields:
             check.exact += 1
         elif not check.differences:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 from typing import Any, Final
 
 from ws_mode._asgi import Scope
@@ -33,6 +34,13 @@ from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 __all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
+#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting; not its deprecated
+#: ``websockets`` one), and ours.
+WS_IMPLEMENTATIONS: Final = {
+    "batched": "ws_mode.toolkit.cli.ws_protocol:BatchingWebSocketProtocol",
+    "websockets-sansio": "websockets-sansio",
+    "wsproto": "wsproto",
+}
 #: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
 #: and httpx (its timeouts; the upstream client when aiohttp, also in the extra, is missing).
 PROXY_REQUIREMENTS: Final = Requirements("proxy", ("uvicorn", "websockets", "httpx"))
@@ -98,11 +106,27 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "openai-*, x-codex-*, x-models-etag and x-reasoning-included headers go on the "
         "handshake's answer)",
     )
+    proxy.add_argument(
+        "--ws",
+        choices=tuple(WS_IMPLEMENTATIONS),
+        default="batched",
+        help="uvicorn's WebSocket implementation: batched is websockets-sansio writing the "
+        "frames an event loop pass produces in one system call (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--ws-per-message-deflate",
+        choices=("true", "false"),
+        default="true",
+        help="accept the permessage-deflate compression clients offer on the socket (the "
+        "openai SDK does): fewer bytes down a slow link, more CPU per event frame "
+        "(default: %(default)s; docs/proxy.md measures both)",
+    )
     add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
 
 def _proxy(args: argparse.Namespace) -> int:
+    import_servers_lean()
     import httpx
 
     from ws_mode._errors import ConfigError
@@ -144,8 +168,47 @@ def _proxy(args: argparse.Namespace) -> int:
         )
 
     served = serve_metrics(app, args.metrics)
-    run_server(served, args, limits, metrics_banner(banner, args.metrics), "proxy", lifespan="on")
+    run_server(
+        served,
+        args,
+        limits,
+        metrics_banner(banner, args.metrics),
+        "proxy",
+        lifespan="on",
+        ws=WS_IMPLEMENTATIONS[args.ws],
+        ws_per_message_deflate=args.ws_per_message_deflate == "true",
+    )
     return 0
+
+
+#: Modules the libraries the proxy imports would import for features the proxy never uses, when
+#: they happen to be installed (as with the ``cli`` extra): httpx's own command line client
+#: (rich, pygments, click) and uvicorn's ``--reload`` file watcher (watchfiles, anyio). Both
+#: libraries fall back when the import fails (``httpx.main`` becomes a stub, uvicorn's reloader
+#: its stat-based one), so nothing the proxy runs changes: 4 MiB of the proxy process's 59.
+_UNUSED_IMPORTS: Final = ("httpx._main", "watchfiles")
+
+
+def import_servers_lean() -> None:
+    """Import httpx and uvicorn without :data:`_UNUSED_IMPORTS` (a ``None`` in ``sys.modules``
+    makes their import fail, and both libraries fall back), unless something imported those
+    already; should a version of either need them after all, both are imported whole."""
+    blocked = [
+        name
+        for name in _UNUSED_IMPORTS
+        if name.partition(".")[0] not in sys.modules and name not in sys.modules
+    ]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import httpx
+        import uvicorn
+    except ImportError:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+        import httpx  # noqa: F401
+        import uvicorn  # noqa: F401
 
 
 def _store_scoping(args: argparse.Namespace, api_key: str | None) -> tuple[dict[str, Any], str]:
