@@ -204,6 +204,12 @@ async def create_response(request: Request, api_key: str | None = None) -> Respo
         # id from its cache and calls this handler with the whole context instead.
         message = "This server stores no responses: send the whole context in 'input'."
         return error(400, message, "previous_response_id")
+    calls = {item.get("call_id") for item in raw_input if item.get("type") == "function_call"}
+    for item in raw_input:  # as OpenAI's API: an output must answer a call of this context
+        if item.get("type") == "function_call_output" and item.get("call_id") not in calls:
+            call_id = item.get("call_id")
+            message = f"No tool call found for function call output with call_id {call_id}."
+            return error(400, message, "input")
     tools = body.get("tools") or []
     # Lifespan state reaches socket turns too: ws_mode copies the socket scope's `state`.
     # Servers without lifespan support (daphne) never fill it: fall back to a fresh model.
