@@ -275,11 +275,11 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
     return run
 
 
-async def _receive_stream(base_url: str, path: str, frames: int) -> float:
+async def _receive_stream(base_url: str, path: str, frames: int, compression: bool) -> float:
     """Open a socket, ask for one response, read ``frames`` frames; the seconds from sending
     the request to the last frame. The frames are counted, not decoded, but the last one."""
     request = {"type": "response.create", "model": "forward", "input": []}
-    async with await connect_async(base_url, path, compression=False) as socket:
+    async with await connect_async(base_url, path, compression=compression) as socket:
         started = time.perf_counter()
         await socket.send(request)
         last: str | bytes = ""
@@ -305,12 +305,13 @@ def run_forward(
     batch: int = 1,
     control: StatsControl | None = None,
     warmup: bool = True,
+    compression: bool = False,
 ) -> ForwardResult:
     """Measure event forwarding against a running :mod:`ws_mode.toolkit.bench.server` started with
     ``forward_events=events`` (and ``forward_batch=batch``): the bare endpoint, the
     middleware and the middleware with events handed as objects take turns, ``repeat`` times
     each. With ``control``, the server's CPU time per
-    event is measured too."""
+    event is measured too; with ``compression``, the sockets ask for permessage-deflate."""
     targets = {"bare": BARE_PATH, "middleware": FORWARD_PATH, "objects": OBJECTS_PATH}
     result = ForwardResult(events=events, batch=batch)
     rates = {"bare": result.bare_rates, "middleware": result.middleware_rates}
@@ -320,7 +321,7 @@ def run_forward(
     frames = events + 2  # response.created, the deltas, response.completed
     if warmup:
         for path in targets.values():
-            asyncio.run(_receive_stream(base_url, path, frames))
+            asyncio.run(_receive_stream(base_url, path, frames, compression))
     order = list(targets)
     for repetition in range(repeat):
         shift = repetition % len(order)
@@ -329,7 +330,7 @@ def run_forward(
             if control is not None:
                 control.start_profile(f"forward-{name}")
             try:
-                elapsed = asyncio.run(_receive_stream(base_url, targets[name], frames))
+                elapsed = asyncio.run(_receive_stream(base_url, targets[name], frames, compression))
             finally:
                 if control is not None:
                     control.stop_profile()
