@@ -135,7 +135,7 @@ class Turn:
             return []
         return [item for steer in self.steering.take() for item in steer.items]
 
-    async def send_event(self, event: dict[str, Any] | bytes) -> None:
+    def send_event(self, event: dict[str, Any] | bytes) -> Awaitable[None]:
         """Hand one event of this turn's response to the client as an object (or as its JSON
         object, encoded already), instead of writing it to the SSE stream you answer with:
         no SSE text is written and decoded again, and an object is encoded once. Events
@@ -148,7 +148,7 @@ class Turn:
         hand = self._hand_event
         if hand is None:
             raise RuntimeError("Turn.send_event() works only while the turn's handler runs.")
-        await hand(event)
+        return hand(event)  # the handler call's own coroutine: no second one per event
 
     def bind_events(self, hand: Callable[[dict[str, Any] | bytes], Awaitable[None]] | None) -> None:
         """Where `send_event` hands events (the running handler call), or None when none runs;
