@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
+from orjson import JSONEncodeError, dumps
 
 from ._cache import decoded_size
 from ._logs import for_log
@@ -132,6 +133,33 @@ class ResponseStream:
             if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
                 return event
             self.tap.remember_item(event)
+        return self._forwarded(data)
+
+    def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
+        """One event the handler handed as an object (`Turn.send_event`), or as its JSON
+        encoded already: like :meth:`frame`, without the SSE text. An object is encoded once,
+        here, and only the events :meth:`event` takes are decoded again (a copy: the stream
+        never keeps the handler's objects)."""
+        if isinstance(event, bytes):
+            return self.frame(None, event)
+        try:
+            data = dumps(event)
+        except JSONEncodeError:
+            data = b""
+        if type(event) is not dict or not data:
+            logger.warning("the handler handed an event that is not a JSON object")
+            return _not_a_json_object()
+        kind = event.get("type")
+        if kind.__class__ is str and kind in DECODED_EVENTS:
+            return self.frame(None, data)
+        if self._prefix is None:  # the default lane: the encoding is the frame
+            self._sent += 1
+            self.bytes_out += len(data)
+            return data.decode()
+        return self._forwarded(data)
+
+    def _forwarded(self, data: bytes) -> str:
+        """The frame of an event's encoded JSON object: the lane spliced in, counted as sent."""
         prefix = self._prefix
         if prefix is not None:
             data = data.strip()

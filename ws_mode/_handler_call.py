@@ -23,6 +23,7 @@ from ._logs import for_log
 from ._protocol import error_event, server_error
 from ._socket import ClientGone
 from ._sse import SSEDecoder, content_type, is_event_stream
+from ._turn import turn_of
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class EventSink(Protocol):
         """An event of the handler's SSE stream (the `event:` field, or None, and the data):
         the frame that forwards it as it is, or an event to go through `event` (the one
         decoded, or an error when it is no JSON object)."""
+
+    def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
+        """An event the handler handed as an object or encoded JSON (`Turn.send_event`): as
+        `frame` gives."""
 
     async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
         """An event as an object: one `frame` gave (`from_handler`), or one ws_mode built
@@ -119,9 +124,15 @@ class HandlerCall:
         self._complete = False
         self._disconnected = asyncio.Event()
         self._client_gone = False
+        #: The handler handed an event before it started its answer: that stood for a
+        #: `200 text/event-stream` start, and the start it sends later changes nothing.
+        self._start_implied = False
 
     async def run(self) -> None:
         """Call the app and hand its answer to the sink. Cancel the task to abandon it."""
+        turn = turn_of(self.scope)
+        if turn is not None:
+            turn.bind_events(self.hand_event)
         try:
             await self.app(self.scope, self.receive, self.send)
         except Exception as exc:
@@ -135,6 +146,8 @@ class HandlerCall:
         finally:
             # Whatever still waits on `receive()` (a disconnect listener) learns the call ended.
             self._disconnected.set()
+            if turn is not None:
+                turn.bind_events(None)
         await self._finish()
 
     async def receive(self) -> Message:
@@ -183,6 +196,8 @@ class HandlerCall:
                     raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
                 self._buffer.append(body)
         elif kind == "http.response.start":
+            if self._start_implied:
+                return
             if self.status is not None:
                 raise RuntimeError("The handler sent 'http.response.start' twice.")
             self.status = int(message["status"])
@@ -191,6 +206,31 @@ class HandlerCall:
             if not self._streaming:
                 self._headers = message.get("headers", ())
         # Other messages (trailers, extensions we did not offer) carry nothing for the client.
+
+    async def hand_event(self, event: dict[str, Any] | bytes) -> None:
+        """An event the handler handed as an object or encoded JSON (`Turn.send_event`),
+        forwarded in order with its answer's SSE: no SSE text, and an object is encoded once."""
+        if self._complete:
+            return
+        if self.status is None:
+            self.status = 200
+            self._streaming = self._start_implied = True
+        elif not self._streaming:
+            raise RuntimeError(
+                "Turn.send_event() was called after an answer that is not an event stream."
+            )
+        sink = self.sink
+        if sink.finished:
+            return  # what follows the terminal event reaches nobody
+        framed = sink.frame_object(event)
+        try:
+            if isinstance(framed, str):
+                await sink.send_text(framed)
+            else:
+                await sink.event(framed, from_handler=True)
+        except ClientGone:
+            self._client_gone = True
+            raise
 
     async def _finish(self) -> None:
         if self.sink.finished:

@@ -105,6 +105,15 @@ class SSEDecoder:
             # A CR that ends the chunk may be the first half of a CRLF split across chunks.
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if (
+            chunk[-2:] == b"\n\n"
+            and not self._buffer
+            and not self._has_data
+            and self._event is None
+        ):
+            # Whole events with nothing pending: a stream's first chunk, often all of it (a
+            # fast handler writes its whole answer at once), skips the line-by-line rules.
+            return self._whole_events(chunk)
         lines = (self._buffer + chunk).split(b"\n") if self._buffer else chunk.split(b"\n")
         self._buffer = lines.pop()
         events: list[SSEEvent] = []

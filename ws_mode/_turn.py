@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -41,6 +41,7 @@ class Turn:
     """
 
     __slots__ = (
+        "_hand_event",
         "_new_input",
         "artifacts",
         "cache_aware",
@@ -92,6 +93,8 @@ class Turn:
         self.prefix_tokens: Tokens | None = None
         #: The steering input queued for this turn's response (None: steering is off).
         self.steering = steering
+        #: Where `send_event` hands events while the handler call runs (None otherwise).
+        self._hand_event: Callable[[dict[str, Any] | bytes], Awaitable[None]] | None = None
         if new_tokens is not None:
             prefix = previous.tokens if previous is not None else None
             self.prefix_tokens = prefix if prefix is not None else Tokens()
@@ -132,6 +135,26 @@ class Turn:
             return []
         return [item for steer in self.steering.take() for item in steer.items]
 
+    def send_event(self, event: dict[str, Any] | bytes) -> Awaitable[None]:
+        """Hand one event of this turn's response to the client as an object (or as its JSON
+        object, encoded already), instead of writing it to the SSE stream you answer with:
+        no SSE text is written and decoded again, and an object is encoded once. Events
+        handed here and those your answer's SSE carries go out in the order they came.
+
+        Handed before your answer starts, the first event stands for a ``200
+        text/event-stream`` answer; what your answer sends after the response's terminal
+        event reaches nobody, so an empty one will do. Raises RuntimeError when no handler
+        call of this turn is running, or after an answer that is not an event stream."""
+        hand = self._hand_event
+        if hand is None:
+            raise RuntimeError("Turn.send_event() works only while the turn's handler runs.")
+        return hand(event)  # the handler call's own coroutine: no second one per event
+
+    def bind_events(self, hand: Callable[[dict[str, Any] | bytes], Awaitable[None]] | None) -> None:
+        """Where `send_event` hands events (the running handler call), or None when none runs;
+        ws_mode's, not the handler's."""
+        self._hand_event = hand
+
     def tokens(self) -> list[int] | None:
         """The rendered tokens of the whole context (prefix then new input), or None without
         a renderer."""
@@ -153,6 +176,11 @@ def turn(request_or_scope: Any) -> Turn | None:
                 "turn() takes a Starlette or Django request or an ASGI scope, "
                 f"got {type(request_or_scope).__name__}."
             )
+    return turn_of(scope)
+
+
+def turn_of(scope: Mapping[str, Any]) -> Turn | None:
+    """The Turn in an ASGI scope's extensions, or None."""
     extensions = scope.get("extensions") or {}
     found = extensions.get(SCOPE_KEY)
     return found if isinstance(found, Turn) else None

@@ -587,3 +587,61 @@ def test_the_tap_reads_the_datas_type_echoes_and_fills_an_omitted_output() -> No
     assert tap.response["previous_response_id"] == "resp_parent"
     assert tap.output == [item]
     assert tap.decode(None, b"[1]") is None
+
+
+# --- events handed as objects (Turn.send_event) -------------------------------------------------
+
+
+async def hand(recorder: Recorder, event: dict[str, Any] | bytes) -> None:
+    """Hand the stream one event as an object, as `HandlerCall.hand_event` does."""
+    framed = recorder.stream.frame_object(event)
+    if isinstance(framed, str):
+        await recorder.stream.send_text(framed)
+    else:
+        await recorder.stream.event(framed, from_handler=True)
+
+
+def a_response_stream() -> list[dict[str, Any]]:
+    item_done = {"type": "response.output_item.done", "output_index": 0, "item": MESSAGE}
+    return [
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": response(status="in_progress"),
+        },
+        delta(1),
+        {**item_done, "sequence_number": 2},
+        {
+            "type": "response.completed",
+            "sequence_number": 3,
+            "response": response(output=[MESSAGE]),
+        },
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream_id", [None, "lane-1"])
+async def test_events_handed_as_objects_go_out_as_their_sse_would(stream_id: str | None) -> None:
+    through_sse, as_objects = Recorder(stream_id=stream_id), Recorder(stream_id=stream_id)
+    events = a_response_stream()
+    handed = orjson.loads(orjson.dumps(events))
+    for event in events:
+        await through_sse.sse(event["type"], event)
+    for number, event in enumerate(handed):
+        # Encoded JSON is handed as it is; objects are encoded once.
+        await hand(as_objects, orjson.dumps(event) if number == 1 else event)
+    assert as_objects.frames == through_sse.frames
+    assert as_objects.finished == through_sse.finished
+    # The stream kept copies: the handler's objects are as it made them.
+    assert handed == events
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("event", [[1, 2], {"type": "x", "value": {1, 2}}, {1: "not a str key"}])
+async def test_an_object_that_is_no_json_object_is_a_server_error(event: Any) -> None:
+    recorder = Recorder()
+    await hand(recorder, event)
+    (error,) = recorder.decoded
+    assert error["type"] == "error"
+    assert error["error"]["code"] == "server_error"
+    assert recorder.failed == 1

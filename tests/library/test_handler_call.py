@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from ws_mode import Limits
+from ws_mode import Limits, Turn, turn
 from ws_mode._events import ResponseStream
 from ws_mode._handler_call import (
     HandlerCall,
@@ -47,6 +47,13 @@ class Sink:
     def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         self.log.append(("sse", event_type, data))
         if event_type in TERMINAL:
+            self.finished = True
+        return ""  # a frame to send
+
+    def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
+        decoded = orjson.loads(event) if isinstance(event, bytes) else event
+        self.log.append(("object", decoded.get("type"), decoded))
+        if decoded.get("type") in TERMINAL:
             self.finished = True
         return ""  # a frame to send
 
@@ -135,13 +142,14 @@ def make_call(
     sink: Any,
     request_body: bytes = b'{"stream":true}',
     max_buffered: int = Limits().max_buffered_answer_bytes,
+    extension: object = "the turn",
 ) -> HandlerCall:
     scope = http_scope(
         WS_SCOPE,
         path="/v1/responses",
         headers=handler_headers(WS_SCOPE),
         body_length=len(request_body),
-        extension="the turn",
+        extension=extension,
     )
     return HandlerCall(app, scope, request_body, sink, max_buffered=max_buffered)
 
@@ -926,3 +934,65 @@ async def test_with_a_response_stream_as_the_sink() -> None:
     assert done_response["id"] == "resp_1"
     assert output == response["output"]
     assert stream.succeeded
+
+
+# --- events handed as objects (Turn.send_event) -------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_events_handed_before_the_answer_stand_for_an_event_stream() -> None:
+    current = Turn(previous=None, new_input=[])
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        handed = turn(scope)
+        assert handed is current
+        await handed.send_event({"type": "response.created", "sequence_number": 0})
+        await handed.send_event(b'{"type":"response.completed","sequence_number":1}')
+        # The answer that follows changes nothing: the response ended with the handed events.
+        await send(start(200, JSON_HEADERS))
+        await send(body(b"", more=False))
+
+    sink = Sink()
+    await make_call(app, sink, extension=current).run()
+    assert sink.log == [
+        ("object", "response.created", {"type": "response.created", "sequence_number": 0}),
+        ("object", "response.completed", {"type": "response.completed", "sequence_number": 1}),
+    ]
+    with pytest.raises(RuntimeError, match="only while the turn's handler runs"):
+        await current.send_event({"type": "response.created"})
+
+
+@pytest.mark.anyio
+async def test_handed_events_and_sse_go_out_in_order() -> None:
+    current = Turn(previous=None, new_input=[])
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start())
+        await send(body(sse("response.created")))
+        await current.send_event({"type": "response.output_text.delta", "delta": "a"})
+        await send(body(sse("response.completed"), more=False))
+
+    sink = Sink()
+    await make_call(app, sink, extension=current).run()
+    assert sink.types == ["response.created", "response.output_text.delta", "response.completed"]
+
+
+@pytest.mark.anyio
+async def test_an_event_handed_after_a_json_answer_started_is_a_server_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    current = Turn(previous=None, new_input=[])
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start(200, JSON_HEADERS))
+        await current.send_event({"type": "response.created"})
+
+    sink = Sink()
+    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
+        await make_call(app, sink, extension=current).run()
+    (event,) = sink.events
+    assert event["error"]["code"] == "server_error"
+    assert "not an event stream" in caplog.text

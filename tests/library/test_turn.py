@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from websockets.sync.client import connect
 
-from ws_mode import Turn, turn
+from tests.servers import serve
+from ws_mode import Turn, WebSocketModeMiddleware, turn
 from ws_mode._cache import CachedResponse, encode_items
 from ws_mode._client_events import CreateEvent, parse_client_event
+from ws_mode._sse import encode_sse
 from ws_mode._turn import build_body, tools_digest
 
 TOOLS: list[dict[str, Any]] = [
@@ -356,3 +364,77 @@ def test_one_fragment_join_builds_every_body() -> None:
     body = with_input(b'{"model":"m"}', [b'{"a":1}', b'{"b":2},{"c":3}'])
     assert orjson.loads(body) == {"model": "m", "input": [{"a": 1}, {"b": 2}, {"c": 3}]}
     assert orjson.loads(with_input(b"{}", [])) == {"input": []}
+
+
+# --- events handed as objects, through a real server ---------------------------------------------
+
+
+def handed_events(response_id: str, previous: str | None) -> list[dict[str, Any]]:
+    item = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+    }
+    started = {"id": response_id, "object": "response", "status": "in_progress", "output": []}
+    finished = {**started, "status": "completed", "output": [item]}
+    for fields in (started, finished):
+        fields.update(created_at=1, model="m", previous_response_id=previous)
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": started},
+        {"type": "response.output_text.delta", "sequence_number": 1, **where, "delta": "hi"},
+        {
+            "type": "response.output_item.done",
+            "sequence_number": 2,
+            "output_index": 0,
+            "item": item,
+        },
+        {"type": "response.completed", "sequence_number": 3, "response": finished},
+    ]
+
+
+async def objects_handler(request: Request) -> Any:
+    """Hands its events as objects on a socket turn, writes them as SSE over plain HTTP."""
+    body = orjson.loads(await request.body())
+    current = turn(request)
+    number = body.get("previous_response_id") or "none"
+    events = handed_events(f"resp_after_{number}", body.get("previous_response_id"))
+    if current is None:
+        return StreamingResponse(
+            iter([encode_sse(event) for event in events]), media_type="text/event-stream"
+        )
+    for event in events:
+        await current.send_event(event)
+    return Response(media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def objects_server() -> Iterator[str]:
+    app = Starlette(routes=[Route("/v1/responses", objects_handler, methods=["POST"])])
+    with serve(WebSocketModeMiddleware(app)) as base_url:
+        yield base_url
+
+
+def test_events_handed_as_objects_reach_the_client_as_over_http(objects_server: str) -> None:
+    over_http = httpx.post(
+        objects_server + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=10
+    )
+    http_events = [
+        json.loads(line[6:]) for line in over_http.text.splitlines() if line.startswith("data: ")
+    ]
+    with connect(objects_server.replace("http", "ws", 1) + "/v1/responses") as socket:
+        turns = []
+        previous = None
+        for _ in range(2):  # the second continues from the first: the cache advanced
+            create = {"type": "response.create", "model": "m", "input": "hi"}
+            if previous is not None:
+                create["previous_response_id"] = previous
+            socket.send(json.dumps(create))
+            events = [json.loads(socket.recv(timeout=10)) for _ in range(4)]
+            turns.append(events)
+            previous = events[-1]["response"]["id"]
+    assert turns[0] == http_events
+    assert [event["type"] for event in turns[1]] == [event["type"] for event in http_events]
+    assert turns[1][-1]["response"]["previous_response_id"] == turns[0][-1]["response"]["id"]

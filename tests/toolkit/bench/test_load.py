@@ -31,7 +31,9 @@ from ws_mode.toolkit.bench.load import (
     LoadReport,
     Probe,
     SideReport,
+    build_parser,
     history_bodies,
+    options_from,
     reference_chains,
     rss_bound,
     run,
@@ -231,3 +233,12 @@ def test_the_bound_grows_with_sockets_and_cache_not_with_turns() -> None:
 
 def test_the_expected_cache_bytes_use_the_caches_own_node_overhead() -> None:
     assert load_test.NODE_OVERHEAD is cache.NODE_OVERHEAD
+
+
+def test_long_sets_the_longer_histories_chains() -> None:
+    arguments = build_parser().parse_args(["--long", "--turns", "3", "--connections", "20"])
+    options = options_from(arguments)
+    assert (options.turns, options.tool_output_bytes, options.lanes) == (25, 4096, 1)
+    assert options.connections == 20
+    plain = options_from(build_parser().parse_args(["--turns", "3"]))
+    assert (plain.turns, plain.tool_output_bytes, plain.lanes) == (3, 1024, 4)

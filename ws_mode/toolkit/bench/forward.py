@@ -26,6 +26,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from ws_mode._middleware import WebSocketModeMiddleware
+from ws_mode._turn import Turn, turn
 from ws_mode.testing._client import FrameError, connect_async, decode_event
 
 from ..measure import median
@@ -34,6 +35,8 @@ __all__ = [
     "BARE_PATH",
     "FORWARD_HANDLER_PATH",
     "FORWARD_PATH",
+    "OBJECTS_HANDLER_PATH",
+    "OBJECTS_PATH",
     "ForwardError",
     "ForwardHandler",
     "ForwardResult",
@@ -47,9 +50,13 @@ _T = TypeVar("_T")
 
 FORWARD_PATH: Final = "/forward/v1/responses"
 FORWARD_HANDLER_PATH: Final = "/forward/handler"
+#: The same stream, its handler handing the events as objects (`Turn.send_event`).
+OBJECTS_PATH: Final = "/forward/objects/v1/responses"
+OBJECTS_HANDLER_PATH: Final = "/forward/objects/handler"
 BARE_PATH: Final = "/forward/bare"
 _DELTA_TEXT: Final = "tok "
 _FORWARD_ITEM_ID: Final = "msg_forward"
+_SSE_HEADERS: Final = [(b"content-type", b"text/event-stream")]
 
 
 class ForwardError(Exception):
@@ -128,14 +135,19 @@ class ForwardHandler:
     """A raw ASGI ``POST`` handler streaming ``events`` pre-encoded deltas as SSE, ``batch``
     events per body chunk, between a ``response.created`` and a ``response.completed``.
 
-    It does no work per event beyond handing the chunk to ``send``: what it costs is the
-    middleware's forwarding, not the handler."""
+    With ``objects``, a turn of ws_mode's gets the same events handed as objects instead
+    (:meth:`ws_mode.Turn.send_event`, the deltas built beforehand), and its answer is empty.
 
-    def __init__(self, events: int, batch: int) -> None:
+    It does no work per event beyond handing the chunk (or the object) on: what it costs is
+    the middleware's forwarding, not the handler."""
+
+    def __init__(self, events: int, batch: int, *, objects: bool = False) -> None:
         deltas = [_sse(_delta(number)) for number in range(1, events + 1)]
         size = max(1, batch)
         self.chunks = [b"".join(deltas[i : i + size]) for i in range(0, len(deltas), size)]
         self.events = events
+        self.objects = objects
+        self.delta_objects = [_delta(number) for number in range(1, events + 1)] if objects else []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -145,11 +157,20 @@ class ForwardHandler:
             message = await receive()
             more = message.get("more_body", False)
         response_id = "resp_" + secrets.token_hex(8)
+        current = turn(scope) if self.objects else None
+        if current is not None:
+            await current.send_event(_created(response_id))
+            for delta in self.delta_objects:
+                await current.send_event(delta)
+            await current.send_event(_completed(response_id, self.events))
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.body", "body": b""})
+            return
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
+                "headers": _SSE_HEADERS,
             }
         )
         created = _sse(_created(response_id))
@@ -176,6 +197,10 @@ class ForwardResult:
     bare_cpu: list[float] = field(default_factory=list)
     middleware_cpu: list[float] = field(default_factory=list)
     in_process_cpu: list[float] = field(default_factory=list)
+    #: The same through the middleware, the handler handing its events as objects.
+    objects_rates: list[float] = field(default_factory=list)
+    objects_cpu: list[float] = field(default_factory=list)
+    in_process_objects_cpu: list[float] = field(default_factory=list)
 
     @property
     def bare_rate(self) -> float:
@@ -215,6 +240,29 @@ class ForwardResult:
         """ws_mode's own CPU seconds per event, with no socket (median)."""
         return median(self.in_process_cpu)
 
+    @property
+    def objects_rate(self) -> float:
+        """Events per second through the middleware, handed as objects (median)."""
+        return median(self.objects_rates)
+
+    @property
+    def objects_cpu_per_event(self) -> float:
+        """Server CPU seconds per event, handed as objects (median; nan when not measured)."""
+        return median(self.objects_cpu)
+
+    @property
+    def objects_cpu_ratio(self) -> float:
+        """The bare endpoint's server CPU per event over the middleware's with events handed
+        as objects (nan when not measured)."""
+        if not self.bare_cpu or not self.objects_cpu:
+            return math.nan
+        return self.bare_cpu_per_event / self.objects_cpu_per_event
+
+    @property
+    def in_process_objects_cpu_per_event(self) -> float:
+        """ws_mode's own CPU seconds per event handed as an object, with no socket (median)."""
+        return median(self.in_process_objects_cpu)
+
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
     """``uvloop.run`` when uvloop is installed (uvicorn then serves on it too), else
@@ -227,11 +275,11 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
     return run
 
 
-async def _receive_stream(base_url: str, path: str, frames: int) -> float:
+async def _receive_stream(base_url: str, path: str, frames: int, compression: bool) -> float:
     """Open a socket, ask for one response, read ``frames`` frames; the seconds from sending
     the request to the last frame. The frames are counted, not decoded, but the last one."""
     request = {"type": "response.create", "model": "forward", "input": []}
-    async with await connect_async(base_url, path, compression=False) as socket:
+    async with await connect_async(base_url, path, compression=compression) as socket:
         started = time.perf_counter()
         await socket.send(request)
         last: str | bytes = ""
@@ -257,33 +305,39 @@ def run_forward(
     batch: int = 1,
     control: StatsControl | None = None,
     warmup: bool = True,
+    compression: bool = False,
 ) -> ForwardResult:
     """Measure event forwarding against a running :mod:`ws_mode.toolkit.bench.server` started with
-    ``forward_events=events`` (and ``forward_batch=batch``): the bare endpoint and the
-    middleware alternate, ``repeat`` times each. With ``control``, the server's CPU time per
-    event is measured too."""
-    targets = {"bare": BARE_PATH, "middleware": FORWARD_PATH}
+    ``forward_events=events`` (and ``forward_batch=batch``): the bare endpoint, the
+    middleware and the middleware with events handed as objects take turns, ``repeat`` times
+    each. With ``control``, the server's CPU time per
+    event is measured too; with ``compression``, the sockets ask for permessage-deflate."""
+    targets = {"bare": BARE_PATH, "middleware": FORWARD_PATH, "objects": OBJECTS_PATH}
     result = ForwardResult(events=events, batch=batch)
+    rates = {"bare": result.bare_rates, "middleware": result.middleware_rates}
+    rates["objects"] = result.objects_rates
+    cpus = {"bare": result.bare_cpu, "middleware": result.middleware_cpu}
+    cpus["objects"] = result.objects_cpu
     frames = events + 2  # response.created, the deltas, response.completed
     if warmup:
         for path in targets.values():
-            asyncio.run(_receive_stream(base_url, path, frames))
+            asyncio.run(_receive_stream(base_url, path, frames, compression))
     order = list(targets)
     for repetition in range(repeat):
-        for name in order[repetition % 2 :] + order[: repetition % 2]:
+        shift = repetition % len(order)
+        for name in order[shift:] + order[:shift]:
             before = control.reset() if control is not None else None
             if control is not None:
                 control.start_profile(f"forward-{name}")
             try:
-                elapsed = asyncio.run(_receive_stream(base_url, targets[name], frames))
+                elapsed = asyncio.run(_receive_stream(base_url, targets[name], frames, compression))
             finally:
                 if control is not None:
                     control.stop_profile()
-            rates = result.bare_rates if name == "bare" else result.middleware_rates
-            rates.append(events / elapsed)
+            rates[name].append(events / elapsed)
             if control is not None and before is not None:
                 cpu = control.read()["cpu_seconds"] - before["cpu_seconds"]
-                (result.bare_cpu if name == "bare" else result.middleware_cpu).append(cpu / events)
+                cpus[name].append(cpu / events)
     return result
 
 
@@ -339,7 +393,8 @@ async def _one_stream_in_process(app: WebSocketModeMiddleware, events: int) -> f
 
 
 async def _handler_alone(handler: ForwardHandler, events: int) -> float:
-    """The CPU seconds the forwarding handler takes by itself, its sends doing nothing."""
+    """The CPU seconds the forwarding handler takes by itself, its sends (and the events it
+    hands a Turn) doing nothing."""
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -347,17 +402,29 @@ async def _handler_alone(handler: ForwardHandler, events: int) -> float:
     async def send(message: Message) -> None:
         return None
 
+    async def hand(event: dict[str, Any] | bytes) -> None:
+        return None
+
+    scope: dict[str, Any] = {"type": "http"}
+    if handler.objects:
+        stand_in = Turn(previous=None, new_input=[])
+        stand_in.bind_events(hand)
+        scope["extensions"] = {"ws_mode": stand_in}
     started = time.process_time()
-    await handler({"type": "http"}, receive, send)
+    await handler(scope, receive, send)
     return time.process_time() - started
 
 
-def forwarding_cost_in_process(events: int, *, batch: int = 1, repeat: int = 5) -> list[float]:
+def forwarding_cost_in_process(
+    events: int, *, batch: int = 1, repeat: int = 5, objects: bool = False
+) -> list[float]:
     """ws_mode's own CPU seconds per forwarded event, one value per repetition (after one
     warm-up): the middleware in front of the forwarding handler, to a server `send` that does
     nothing, no socket, less what the handler takes by itself (measured right after, with
-    sends that do nothing). Process CPU time, so other processes on the machine do not count."""
-    handler = ForwardHandler(events, batch)
+    sends that do nothing). Process CPU time, so other processes on the machine do not count.
+    With ``objects``, the handler hands its events as objects (``Turn.send_event``) instead
+    of SSE."""
+    handler = ForwardHandler(events, batch, objects=objects)
     app = WebSocketModeMiddleware(handler, path=FORWARD_PATH)
 
     async def measure() -> list[float]:

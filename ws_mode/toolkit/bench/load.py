@@ -13,6 +13,9 @@ named ones, concurrently): a user message, then ``turns - 1`` times the model as
 and the client answers with a ``--tool-output-bytes`` output, the last turn is the model's final
 answer (:func:`run_client`).
 
+``--long`` makes the chains an agent's with longer histories: 25 turns, 4 KiB tool outputs, one
+lane per socket (about 100 KiB of history by the last turn).
+
 Then (unless ``--no-http``) the same conversations run over plain HTTP
 (:func:`run_http_client`): one keep-alive connection per conversation, all opened before any
 turn starts, each turn a streamed ``POST /v1/responses`` with the whole history. With
@@ -85,6 +88,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_OVERHEAD_FACTOR",
+    "LONG_TOOL_OUTPUT_BYTES",
+    "LONG_TURNS",
     "PER_CONNECTION_BYTES",
     "PING_PATH",
     "RATIOS",
@@ -102,10 +107,12 @@ __all__ = [
     "SideReport",
     "Tally",
     "build_load_app",
+    "build_parser",
     "check_file_limit",
     "first_input",
     "history_bodies",
     "main",
+    "options_from",
     "raise_file_limit",
     "reference_chains",
     "rss_bound",
@@ -134,6 +141,10 @@ MAX_LANES: Final = 16
 MAX_TOOL_OUTPUT_BYTES: Final = 1024 * 1024
 MAX_DURATION: Final = 3600.0
 MAX_ROUNDS: Final = 20
+#: ``--long``: the chains of an agent with longer histories (about 100 KiB by the last turn),
+#: where HTTP re-sends and re-reads the whole history every turn.
+LONG_TURNS: Final = 25
+LONG_TOOL_OUTPUT_BYTES: Final = 4096
 
 # The memory model of `rss_bound` (see there). Measured on CPython 3.11, uvicorn 0.54 with
 # websockets 15 (permessage-deflate on, as the openai SDK asks), glibc malloc:
@@ -1157,7 +1168,8 @@ def run(options: LoadOptions) -> LoadReport:
 # ----------------------------------------------------------------------------- command line
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m ws_mode.toolkit.bench.load`` (the load's side)."""
     parser = argparse.ArgumentParser(
         prog="python -m ws_mode.toolkit.bench.load",
         description="Load-test WebSocket mode: the reference server behind the middleware in a "
@@ -1206,8 +1218,35 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.rounds,
         help="rounds of both sides, alternating which goes first (sockets in the first)",
     )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help=f"longer histories: {LONG_TURNS} turns with {LONG_TOOL_OUTPUT_BYTES}-byte tool "
+        "outputs, one lane per socket (overrides --turns, --tool-output-bytes and --lanes)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
+
+
+def options_from(arguments: argparse.Namespace) -> LoadOptions:
+    """The load's options from the parsed command line (``--long`` sets the chains' shape)."""
+    turns, tool_output_bytes, lanes = arguments.turns, arguments.tool_output_bytes, arguments.lanes
+    if arguments.long:
+        turns, tool_output_bytes, lanes = LONG_TURNS, LONG_TOOL_OUTPUT_BYTES, 1
+    return LoadOptions(
+        connections=arguments.connections,
+        turns=turns,
+        lanes=lanes,
+        tool_output_bytes=tool_output_bytes,
+        duration=arguments.duration,
+        full_context=arguments.full_context,
+        tokens_per_second=arguments.tokens_per_second,
+        max_cached_bytes=arguments.max_cached_bytes,
+        connect_concurrency=arguments.connect_concurrency,
+        http=arguments.http,
+        rounds=arguments.rounds,
+        compression=arguments.compression,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1216,23 +1255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--serve" in argv:
         return serve(argv)
-    arguments = _parser().parse_args(argv)
+    arguments = build_parser().parse_args(argv)
     try:
-        options = LoadOptions(
-            connections=arguments.connections,
-            turns=arguments.turns,
-            lanes=arguments.lanes,
-            tool_output_bytes=arguments.tool_output_bytes,
-            duration=arguments.duration,
-            full_context=arguments.full_context,
-            tokens_per_second=arguments.tokens_per_second,
-            max_cached_bytes=arguments.max_cached_bytes,
-            connect_concurrency=arguments.connect_concurrency,
-            http=arguments.http,
-            rounds=arguments.rounds,
-            compression=arguments.compression,
-        )
-        report = run(options)
+        report = run(options_from(arguments))
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -324,6 +324,9 @@ def run_bench(
                     forward.in_process_cpu = forwarding_cost_in_process(
                         options.forward_events, batch=options.forward_batch, repeat=options.repeat
                     )
+                    forward.in_process_objects_cpu = forwarding_cost_in_process(
+                        options.forward_events, repeat=options.repeat, objects=True
+                    )
             if options.profile is not None:
                 profiles = control.dump_profiles(str(Path(options.profile).resolve()))
         except (RolloutError, ForwardError) as exc:
@@ -377,6 +380,9 @@ def report_json(report: BenchReport) -> dict[str, Any]:
             "ratio": forward.ratio,
             "cpu_ratio": forward.cpu_ratio,
             "in_process_cpu_per_event": forward.in_process_cpu_per_event,
+            "objects_rate": forward.objects_rate,
+            "objects_cpu_ratio": forward.objects_cpu_ratio,
+            "in_process_objects_cpu_per_event": forward.in_process_objects_cpu_per_event,
         },
     }
     if report.options.check:
@@ -610,14 +616,24 @@ def format_report(report: BenchReport) -> list[str]:
                             forward.middleware_cpu_per_event if forward.middleware_cpu else None
                         ),
                     ],
+                    [
+                        "through the middleware, events as objects",
+                        _count(forward.objects_rate),
+                        format_seconds(
+                            forward.objects_cpu_per_event if forward.objects_cpu else None
+                        ),
+                    ],
                 ],
             ),
-            f"  ratio: {forward.ratio:.2f} (events/s), {forward.cpu_ratio:.2f} (server CPU/event)",
+            f"  ratio: {forward.ratio:.2f} (events/s), {forward.cpu_ratio:.2f} (server CPU/event); "
+            f"events as objects: {forward.objects_rate / forward.bare_rate:.2f}, "
+            f"{forward.objects_cpu_ratio:.2f}",
         ]
         if forward.in_process_cpu:
             lines.append(
                 f"  ws_mode's own CPU per event, in-process with no socket: "
-                f"{format_seconds(forward.in_process_cpu_per_event)}"
+                f"{format_seconds(forward.in_process_cpu_per_event)} (SSE), "
+                f"{format_seconds(forward.in_process_objects_cpu_per_event)} (objects)"
             )
     if options.check:
         lines += ["", *goal_lines(measured_goals(report))]

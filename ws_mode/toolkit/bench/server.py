@@ -17,7 +17,8 @@ one uvicorn server:
 - the forwarding microbenchmark (:mod:`ws_mode.toolkit.bench.forward`): ``/forward/v1/responses``,
   the
   middleware in front of a raw ASGI handler that streams ``ServerSpec.forward_events``
-  pre-encoded ``response.output_text.delta`` SSE events, and ``/forward/bare``, a bare Starlette
+  pre-encoded ``response.output_text.delta`` SSE events, ``/forward/objects/v1/responses``, the
+  same events handed as objects (``Turn.send_event``), and ``/forward/bare``, a bare Starlette
   WebSocket endpoint that sends the same events, already encoded as frames;
 
 - ``/bench/stats`` (``GET`` reads, ``POST`` reads then resets): each reference app's
@@ -50,7 +51,15 @@ from ws_mode._middleware import WebSocketModeMiddleware
 from ws_mode.testing._loopback import add_child_arguments, serve_inherited, ws_max_size
 
 from ..measure import memory, reset_peak_rss
-from .forward import BARE_PATH, FORWARD_HANDLER_PATH, FORWARD_PATH, ForwardHandler, forward_frames
+from .forward import (
+    BARE_PATH,
+    FORWARD_HANDLER_PATH,
+    FORWARD_PATH,
+    OBJECTS_HANDLER_PATH,
+    OBJECTS_PATH,
+    ForwardHandler,
+    forward_frames,
+)
 
 __all__ = [
     "PROFILE_PATH",
@@ -247,6 +256,15 @@ def build_bench_app(spec: ServerSpec) -> ASGIApp:
         handler_path=FORWARD_HANDLER_PATH,
         limits=limits,
     )
+    objects = WebSocketModeMiddleware(
+        Dispatch(
+            [(OBJECTS_HANDLER_PATH, ForwardHandler(spec.forward_events, 1, objects=True))],
+            PlainTextResponse("not found", status_code=404),
+        ),
+        path=OBJECTS_PATH,
+        handler_path=OBJECTS_HANDLER_PATH,
+        limits=limits,
+    )
     bare_frames = forward_frames(spec.forward_events)
 
     async def bare(websocket: WebSocket) -> None:
@@ -269,6 +287,7 @@ def build_bench_app(spec: ServerSpec) -> ASGIApp:
 
     tools = Starlette(routes=[*control_routes(stats, reset), WebSocketRoute(BARE_PATH, bare)])
     prefixes.append(("/forward/v1/", forward))
+    prefixes.append(("/forward/objects/", objects))
     return Dispatch(prefixes, tools)
 
 

@@ -1,13 +1,16 @@
 """The reference server's response object and its event stream: OpenAI's response JSON, the
-event sequence that streams it, and that sequence as SSE paced like a model generating tokens."""
+event sequence that streams it, and that sequence paced like a model generating tokens, as SSE
+or handed to ws_mode as objects (:class:`HandedEvents`, on a cache-aware socket turn)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from ws_mode._sse import encode_sse
 
@@ -15,7 +18,10 @@ from .model import ReferenceConfig, argument_chunks, delta_tokens, text_deltas
 from .request import Parsed
 from .stats import ReferenceStats
 
-__all__ = ["MIN_SLEEP", "events", "response_object", "sse", "usage"]
+if TYPE_CHECKING:
+    from ws_mode._turn import Turn
+
+__all__ = ["MIN_SLEEP", "HandedEvents", "events", "response_object", "sse", "usage"]
 
 MIN_SLEEP: Final = 0.001
 """Below this many seconds, a pause is not taken: the debt is carried forward."""
@@ -226,3 +232,58 @@ async def sse(
     stats.cpu_seconds += time.thread_time() - clock
     if buffer:
         yield bytes(buffer)
+
+
+class HandedEvents(Response):
+    """The event stream handed to ws_mode as objects (:meth:`ws_mode.Turn.send_event`), paced
+    as :func:`sse` paces it, then an empty ``text/event-stream`` answer: what a cache-aware
+    handler does on a socket turn, skipping the SSE text ws_mode would decode again.
+
+    The events between two pauses are built first and handed together, so the CPU time
+    counted in ``stats.cpu_seconds`` is the model's, not ws_mode's forwarding."""
+
+    def __init__(
+        self,
+        current: Turn,
+        pending: dict[str, Any],
+        completed: dict[str, Any],
+        config: ReferenceConfig,
+        stats: ReferenceStats,
+    ) -> None:
+        super().__init__(media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        self.current = current
+        self.pending = pending
+        self.completed = completed
+        self.config = config
+        self.stats = stats
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        config, stats = self.config, self.stats
+        interval = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
+        start: float | None = None
+        emitted = 0
+        batch: list[dict[str, Any]] = []
+        clock = time.thread_time()
+        for sequence_number, (event, tokens) in enumerate(events(self.pending, self.completed)):
+            if tokens is not None:
+                if start is None:
+                    start = time.monotonic() + config.time_to_first_token
+                emitted += tokens
+                delay = start + emitted * interval - time.monotonic()
+                if delay >= MIN_SLEEP:
+                    stats.cpu_seconds += time.thread_time() - clock
+                    await self._hand(batch)
+                    await anyio.sleep(delay)
+                    clock = time.thread_time()
+            event["sequence_number"] = sequence_number
+            if event["type"] == "response.completed":
+                event["response"]["completed_at"] = int(time.time())
+            batch.append(event)
+        stats.cpu_seconds += time.thread_time() - clock
+        await self._hand(batch)
+        await super().__call__(scope, receive, send)
+
+    async def _hand(self, batch: list[dict[str, Any]]) -> None:
+        for event in batch:
+            await self.current.send_event(event)
+        batch.clear()

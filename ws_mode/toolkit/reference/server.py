@@ -32,7 +32,7 @@ from . import context as _context
 from .compaction import compaction_item, compaction_response, refuse_compact_request
 from .model import ReferenceConfig, output_tokens, script_from_state
 from .request import Parsed, RequestError, parse
-from .response import MIN_SLEEP, response_object, sse, usage
+from .response import MIN_SLEEP, HandedEvents, response_object, sse, usage
 from .stats import ReferenceStats
 from .tokenizer import ReferenceTokenizer, default_tokenizer
 
@@ -145,6 +145,9 @@ def _respond(
             output=[],
             usage=None,
         )
+        if found is not None and found.cache_aware:
+            # A cache-aware socket turn: the events go to ws_mode as objects, no SSE text.
+            return HandedEvents(found, pending, completed, config, stats), 0.0
         streaming = StreamingResponse(
             sse(pending, completed, config, stats),
             media_type="text/event-stream",
