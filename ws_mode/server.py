@@ -8,6 +8,12 @@ the store writes still under way land (each within its own timeout) before the p
 exits. It also drops uvicorn's spurious error line after the upgrades ws_mode refused
 (`RefusalLineFilter`, also exported here with `show_on_stderr` for programs that configure
 uvicorn's logging themselves).
+
+`BatchingWebSocketProtocol` is uvicorn's `websockets-sansio` WebSocket protocol with the frames
+of one pass of the event loop written in one system call instead of one each (a turn's burst of
+events): `uvicorn app:app --ws ws_mode.server:BatchingWebSocketProtocol`, or
+`uvicorn.Config(app, ws=BatchingWebSocketProtocol)`. `ws-mode serve` and `ws-mode proxy` use it
+by default.
 """
 
 from __future__ import annotations
@@ -19,10 +25,17 @@ from collections.abc import Sequence
 import uvicorn
 
 from . import _logs as logs
+from ._batching import BatchingWebSocketProtocol
 from ._logs import RefusalLineFilter, show_on_stderr
 from ._middleware import WebSocketModeMiddleware, find_middlewares
 
-__all__ = ["RefusalLineFilter", "Server", "find_middlewares", "show_on_stderr"]
+__all__ = [
+    "BatchingWebSocketProtocol",
+    "RefusalLineFilter",
+    "Server",
+    "find_middlewares",
+    "show_on_stderr",
+]
 
 
 class Server(uvicorn.Server):

@@ -37,10 +37,12 @@ from .._limits import Limits
 #: How often the servers started here ping their sockets, to find peers that vanished.
 PING_SECONDS: Final = 20.0
 #: uvicorn's WebSocket implementation for the servers started here and by the command line:
-#: the one on websockets' Sans-I/O core, uvicorn's default since 0.50. Named, not left to
-#: ``auto``, so that no uvicorn the extras allow serves with its ``websockets`` implementation,
-#: which is built on ``websockets.legacy`` (deprecated since websockets 14).
-UVICORN_WS: Final = "websockets-sansio"
+#: the one on websockets' Sans-I/O core (uvicorn's default since 0.50), its frames written in
+#: batches, one system call for what one pass of the event loop sends
+#: (:class:`ws_mode.server.BatchingWebSocketProtocol`). Named, not left to ``auto``, so that no
+#: uvicorn the extras allow serves with its ``websockets`` implementation, which is built on
+#: ``websockets.legacy`` (deprecated since websockets 14).
+UVICORN_WS: Final = "ws_mode.server:BatchingWebSocketProtocol"
 
 
 HOST: Final = "127.0.0.1"

@@ -45,7 +45,7 @@ from ws_mode._protocol import json_answer
 from ws_mode.proxy import create_proxy
 from ws_mode.testing._loopback import add_child_arguments, serve_inherited, server_process
 
-from ..cli.proxy import WS_IMPLEMENTATIONS
+from ..cli.common import WS_IMPLEMENTATIONS
 from ..measure import format_bytes, format_seconds, median
 from ..rollout import RolloutResult, run_http, run_socket
 from .http_clients import cheap_upstream

@@ -40,6 +40,7 @@ __all__ = [
     "CLI_REQUIREMENTS",
     "LOG_LEVELS",
     "PROG",
+    "WS_IMPLEMENTATIONS",
     "CommandError",
     "Requirements",
     "add_server_arguments",
@@ -99,11 +100,22 @@ CLI_REQUIREMENTS: Final = Requirements(
 CONNECTION_SECONDS: Final = number(float, 0, strict=True)
 
 
+#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting; not its deprecated
+#: ``websockets`` one), and ours: ``batched``, websockets-sansio writing the frames of one pass
+#: of the event loop in one system call (:class:`ws_mode.server.BatchingWebSocketProtocol`).
+WS_IMPLEMENTATIONS: Final = {
+    "batched": UVICORN_WS,
+    "websockets-sansio": "websockets-sansio",
+    "wsproto": "wsproto",
+}
+
+
 def add_server_arguments(
     parser: argparse.ArgumentParser, *, store_type: Callable[[str], Any] | None = None
 ) -> None:
     """The flags of a command that serves in the foreground: ``--host``, ``--port``,
-    ``--log-level``, ``--store``, ``--start-degraded``, and the :class:`Limits` fields the
+    ``--log-level``, ``--store``, ``--start-degraded``, ``--ws``, ``--ws-per-message-deflate``
+    (:func:`run_server` and :func:`run_workers` read them), and the :class:`Limits` fields the
     commands expose (``--max-connection-seconds``; :func:`limits_from_arguments` reads them).
     ``--store`` gives a store (:func:`store_from_argument`), or what ``store_type`` makes of
     its text (:func:`store_argument` keeps the text)."""
@@ -143,6 +155,21 @@ def add_server_arguments(
         metavar="S",
         help="close each socket after this long: websocket_connection_limit_reached, then a "
         "close with 1001 (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--ws",
+        choices=tuple(WS_IMPLEMENTATIONS),
+        default="batched",
+        help="uvicorn's WebSocket implementation: batched is websockets-sansio writing the "
+        "frames one pass of the event loop produces in one system call (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ws-per-message-deflate",
+        choices=("true", "false"),
+        default="true",
+        help="accept the permessage-deflate compression clients offer on the socket (the "
+        "openai SDK does): fewer bytes down a slow link, more CPU per event frame; false for "
+        "clients on the same host or network (default: %(default)s; docs/benchmarks.md)",
     )
 
 
@@ -228,7 +255,8 @@ def run_server(
 ) -> None:
     """Run ``app`` under uvicorn at ``args.host``/``args.port`` (``args.log_level``), draining
     WebSocket mode on shutdown; print ``banner(origin)`` once bound. ``config`` goes to
-    ``uvicorn.Config`` (``ws`` defaults to ``UVICORN_WS``). :class:`CommandError` when the
+    ``uvicorn.Config`` (``ws`` and ``ws_per_message_deflate`` from ``--ws`` and
+    ``--ws-per-message-deflate``). :class:`CommandError` when the
     ``what`` cannot start."""
     import uvicorn
 
@@ -249,7 +277,7 @@ def run_server(
         port=port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
-        **{"ws": UVICORN_WS, **config},
+        **{**_ws_config(args), **config},
     )
     show_access_log()
     try:
@@ -259,6 +287,14 @@ def run_server(
             raise CommandError(f"the {what} could not start on {host}:{port}") from None
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it shut down for
+
+
+def _ws_config(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's WebSocket settings from ``--ws`` and ``--ws-per-message-deflate``."""
+    return {
+        "ws": WS_IMPLEMENTATIONS[getattr(args, "ws", "batched")],
+        "ws_per_message_deflate": getattr(args, "ws_per_message_deflate", "true") == "true",
+    }
 
 
 def run_workers(
@@ -273,8 +309,9 @@ def run_workers(
     (``"module:function"``, called in each worker) on one socket bound here at
     ``args.host``/``args.port``; print ``banner(origin)`` once bound. The workers inherit this
     process's environment, and uvicorn restarts one that dies; SIGHUP replaces them one at a
-    time (a rolling restart). ``config`` goes to ``uvicorn.Config`` (``ws`` defaults to
-    ``UVICORN_WS``). :class:`CommandError` when the ``what`` cannot start.
+    time (a rolling restart). ``config`` goes to ``uvicorn.Config`` (``ws`` and
+    ``ws_per_message_deflate`` from ``--ws`` and ``--ws-per-message-deflate``).
+    :class:`CommandError` when the ``what`` cannot start.
 
     A worker told to stop (SIGHUP's restart, SIGTERM, the command's shutdown) stops accepting,
     then drains WebSocket mode like :func:`run_server` (running turns finish, sockets close
@@ -294,7 +331,7 @@ def run_workers(
         port=args.port,
         log_level=args.log_level,
         ws_max_size=ws_max_size(limits),
-        **{"ws": UVICORN_WS, **config},
+        **{**_ws_config(args), **config},
     )
     try:
         listener = settings.bind_socket()

@@ -34,13 +34,6 @@ from .metrics import add_metrics_argument, metrics_banner, serve_metrics
 __all__ = ["PROXY_REQUIREMENTS", "UPSTREAM_KEY_ENV", "add_command"]
 
 UPSTREAM_KEY_ENV: Final = "WS_MODE_UPSTREAM_API_KEY"
-#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting; not its deprecated
-#: ``websockets`` one), and ours.
-WS_IMPLEMENTATIONS: Final = {
-    "batched": "ws_mode.toolkit.cli.ws_protocol:BatchingWebSocketProtocol",
-    "websockets-sansio": "websockets-sansio",
-    "wsproto": "wsproto",
-}
 #: What ``ws-mode proxy`` imports: uvicorn with its websockets-based WebSocket implementation,
 #: and httpx (its timeouts; the upstream client when aiohttp, also in the extra, is missing).
 PROXY_REQUIREMENTS: Final = Requirements("proxy", ("uvicorn", "websockets", "httpx"))
@@ -106,21 +99,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "openai-*, x-codex-*, x-models-etag and x-reasoning-included headers go on the "
         "handshake's answer)",
     )
-    proxy.add_argument(
-        "--ws",
-        choices=tuple(WS_IMPLEMENTATIONS),
-        default="batched",
-        help="uvicorn's WebSocket implementation: batched is websockets-sansio writing the "
-        "frames an event loop pass produces in one system call (default: %(default)s)",
-    )
-    proxy.add_argument(
-        "--ws-per-message-deflate",
-        choices=("true", "false"),
-        default="true",
-        help="accept the permessage-deflate compression clients offer on the socket (the "
-        "openai SDK does): fewer bytes down a slow link, more CPU per event frame "
-        "(default: %(default)s; docs/proxy.md measures both)",
-    )
     add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
 
@@ -175,8 +153,6 @@ def _proxy(args: argparse.Namespace) -> int:
         metrics_banner(banner, args.metrics),
         "proxy",
         lifespan="on",
-        ws=WS_IMPLEMENTATIONS[args.ws],
-        ws_per_message_deflate=args.ws_per_message_deflate == "true",
     )
     return 0
 

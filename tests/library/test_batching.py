@@ -1,19 +1,16 @@
-"""``ws-mode proxy``'s WebSocket protocol: uvicorn's websockets-sansio with batched writes."""
+"""`ws_mode.server.BatchingWebSocketProtocol`: uvicorn's websockets-sansio with batched writes."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
+from ws_mode._batching import FLUSH_BYTES, BatchingTransport
 from ws_mode.testing._client import connect
-from ws_mode.toolkit.cli.proxy import WS_IMPLEMENTATIONS
-from ws_mode.toolkit.cli.ws_protocol import FLUSH_BYTES, BatchingTransport
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 
@@ -126,7 +123,7 @@ def test_nothing_is_written_to_a_closing_transport_and_the_rest_is_the_transport
 @pytest.mark.parametrize("deflate", [True, False], ids=["deflate", "plain"])
 def test_a_rollout_over_the_batched_protocol(deflate: bool) -> None:
     app = WebSocketModeMiddleware(create_app(ReferenceConfig(tool_calls=2, answer_tokens=5)))
-    options: dict[str, Any] = {"ws": WS_IMPLEMENTATIONS["batched"]}
+    options: dict[str, Any] = {"ws": "ws_mode.server:BatchingWebSocketProtocol"}
     with (
         serve(app, lifetime=60, ws_per_message_deflate=deflate, **options) as base_url,
         connect(base_url, "/v1/responses", open_timeout=30) as socket,
@@ -151,36 +148,3 @@ def test_a_rollout_over_the_batched_protocol(deflate: bool) -> None:
         assert turn[0] == "response.created"
         assert turn[-1] == "response.completed"
     assert all("response.function_call_arguments.done" in turn for turn in kinds)
-
-
-def test_every_ws_choice_is_a_protocol_uvicorn_loads() -> None:
-    import uvicorn
-
-    from ws_mode.toolkit.cli.ws_protocol import BatchingWebSocketProtocol
-
-    loaded = {}
-    for name, ws in WS_IMPLEMENTATIONS.items():
-        config = uvicorn.Config(WebSocketModeMiddleware(create_app()), ws=ws)
-        config.load()
-        loaded[name] = config.ws_protocol_class
-    assert loaded["batched"] is BatchingWebSocketProtocol
-    assert all(protocol is not None for protocol in loaded.values())
-
-
-def test_the_proxy_imports_its_servers_without_what_it_never_runs() -> None:
-    # In a fresh interpreter: httpx without its command line client (rich), uvicorn without its
-    # reload watcher, both working.
-    code = (
-        "import sys\n"
-        "from ws_mode.toolkit.cli.proxy import import_servers_lean\n"
-        "import_servers_lean()\n"
-        "import httpx, uvicorn\n"
-        "httpx.Timeout(1.0)\n"
-        "from uvicorn.supervisors import ChangeReload\n"
-        "loaded = [m for m in ('rich', 'pygments', 'watchfiles') if sys.modules.get(m)]\n"
-        "print(loaded, ChangeReload.__name__)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.split() == ["[]", "StatReload"]

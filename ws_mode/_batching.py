@@ -13,7 +13,9 @@ transport's (it calls the protocol's ``pause_writing`` as before): past :data:`F
 what is kept is written at once, so an application sending a long burst without yielding meets
 the transport's high-water mark as it would have.
 
-Used by ``ws-mode proxy`` (``ws_mode/toolkit/benchmarks/peer_agentic.py`` measures it).
+Public as :class:`ws_mode.server.BatchingWebSocketProtocol` (uvicorn's ``--ws
+ws_mode.server:BatchingWebSocketProtocol``); the servers ``ws-mode serve``, ``ws-mode proxy`` and
+the kit start use it by default. Needs uvicorn.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import asyncio
 from typing import Any, Final
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-
-__all__ = ["FLUSH_BYTES", "BatchingTransport", "BatchingWebSocketProtocol"]
 
 #: The most bytes kept before they are written without waiting for the end of the pass.
 FLUSH_BYTES: Final = 64 * 1024
