@@ -51,7 +51,7 @@ def test_plain_http_streaming_post(server: Server, tag: str) -> None:
 def test_other_http_requests_pass_through(
     server: Server, method: str, path: str, status: int
 ) -> None:
-    answer = httpx.request(method, server.base_url + path, json={}, timeout=5)
+    answer = httpx.request(method, server.base_url + path, json={}, timeout=5, verify=CLIENT_TLS)
     assert answer.status_code == status
 
 

@@ -156,7 +156,7 @@ def test_with_principal_key_tenants_never_see_each_others_responses(
         assert theirs["error"]["code"] == "previous_response_not_found"
         url = f"{base_url}/v1/responses/{mine['id']}"
         assert httpx.get(url, headers=key("sk-b"), verify=CLIENT_TLS).status_code == 404
-        assert httpx.delete(url, headers=key("sk-b")).status_code == 404
+        assert httpx.delete(url, headers=key("sk-b"), verify=CLIENT_TLS).status_code == 404
         assert (
             httpx.get(url, headers=key("sk-a"), verify=CLIENT_TLS).json()["id"] == mine["id"]
         )  # still hers
@@ -206,7 +206,7 @@ def test_get_and_delete_without_valid_credentials_get_401_and_leave_the_record(
     url = f"{base_url}/v1/responses/{stored['id']}"
     for headers in ({}, key("sk-wrong"), {"Authorization": "Bearer sk-wrong"}):
         for method in ("GET", "DELETE"):
-            answer = httpx.request(method, url, headers=headers)
+            answer = httpx.request(method, url, headers=headers, verify=CLIENT_TLS)
             assert answer.status_code == 401, (method, headers)
             assert answer.json()["error"]["code"] == "invalid_api_key"
             assert answer.headers["www-authenticate"] == "Bearer"  # as the socket's refusal
@@ -220,7 +220,7 @@ def test_a_tenant_cannot_read_delete_or_continue_anothers_response(
     stored = post(base_url, key("sk-acme-1"), input="Acme's plan").json()
     url = f"{base_url}/v1/responses/{stored['id']}"
     assert httpx.get(url, headers=key("sk-beta"), verify=CLIENT_TLS).status_code == 404
-    assert httpx.delete(url, headers=key("sk-beta")).status_code == 404
+    assert httpx.delete(url, headers=key("sk-beta"), verify=CLIENT_TLS).status_code == 404
     continued = post(base_url, key("sk-beta"), input="x", previous_response_id=stored["id"])
     assert continued.status_code == 400
     assert continued.json()["error"]["code"] == "previous_response_not_found"
@@ -239,7 +239,7 @@ def test_a_revoked_key_loses_get_access_at_once(tenants: tuple[str, Keys]) -> No
     assert httpx.get(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 200
     keys.revoke("sk-leaving")
     assert httpx.get(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 401
-    assert httpx.delete(url, headers=key("sk-leaving")).status_code == 401
+    assert httpx.delete(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 401
     keys.grant("sk-new", "gamma")  # the tenant's new key: the record was left in place
     assert httpx.get(url, headers=key("sk-new"), verify=CLIENT_TLS).json()["id"] == stored["id"]
 
