@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -37,3 +39,27 @@ def anyio_backend() -> str:
     """Every `@pytest.mark.anyio` test runs on asyncio: the middleware serves under asyncio
     servers (uvicorn, hypercorn, daphne), and trio is not a dependency."""
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _logging_of_the_command_undone() -> Iterator[None]:
+    """Tests that run the `ws-mode` command's `main()` in this process get its logging set up
+    (ws_mode's warnings on stderr, `ws_mode._stack` quieted to errors, a filter on uvicorn's
+    error log); it is undone after each test, so that whichever tests ran before on the same
+    worker, a later test sees ws_mode's warnings as a library user would."""
+    names = ["uvicorn.error"] + [
+        name for name in logging.root.manager.loggerDict if name.split(".")[0] == "ws_mode"
+    ]
+    saved = {name: _logger_setup(logging.getLogger(name)) for name in names}
+    yield
+    for name in logging.root.manager.loggerDict:
+        if name.split(".")[0] == "ws_mode" or name == "uvicorn.error":
+            logger = logging.getLogger(name)
+            level, handlers, filters = saved.get(name, (logging.NOTSET, [], []))
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.filters[:] = filters
+
+
+def _logger_setup(logger: logging.Logger) -> tuple[int, list[logging.Handler], list[object]]:
+    return logger.level, list(logger.handlers), list(logger.filters)

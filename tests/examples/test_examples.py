@@ -26,6 +26,7 @@ from openai import AsyncOpenAI, OpenAI, omit
 from openai.types.responses import EasyInputMessageParam, FunctionToolParam, ResponseInputParam
 from openai.types.responses.response_input_param import FunctionCallOutput
 
+from tests.client_tls import sdk_async_http_client, sdk_http_client
 from tests.examples.django_env import database_path
 from tests.integration.clients import async_until_terminal, sdk_until_terminal
 from tests.servers import ALL_SERVERS, PROCESS_SERVERS, ROOT, serve
@@ -59,11 +60,23 @@ class Running:
 
     def openai(self, prefix: str = "", api_key: str = API_KEY) -> OpenAI:
         base_url = f"{self.base_url}{prefix}/v1"
-        return OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=10)
+        return OpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=10,
+            http_client=sdk_http_client(),
+        )
 
     def async_openai(self, prefix: str = "", api_key: str = API_KEY) -> AsyncOpenAI:
         base_url = f"{self.base_url}{prefix}/v1"
-        return AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=10)
+        return AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=10,
+            http_client=sdk_async_http_client(),
+        )
 
 
 def lanes(events: list[Any]) -> set[str | None]:

@@ -15,6 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.resources.responses.responses import AsyncResponsesConnection, ResponsesConnection
 from websockets.sync.client import ClientConnection, connect
 
+from tests.client_tls import sdk_async_http_client, sdk_http_client
 from tests.integration.apps import Recorder
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
@@ -38,10 +39,14 @@ class Server:
 
     def openai(self, prefix: str = "", **options: Any) -> OpenAI:
         options.setdefault("api_key", "test")
+        if "http_client" not in options:
+            options["http_client"] = sdk_http_client()
         return OpenAI(base_url=self.api_base(prefix), max_retries=0, **options)
 
     def async_openai(self, prefix: str = "", **options: Any) -> AsyncOpenAI:
         options.setdefault("api_key", "test")
+        if "http_client" not in options:
+            options["http_client"] = sdk_async_http_client()
         return AsyncOpenAI(base_url=self.api_base(prefix), max_retries=0, **options)
 
     @contextlib.contextmanager

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.client_tls import CLIENT_TLS
 from tests.integration.apps import create_app
 from tests.integration.clients import Server, completed_response, create
 from tests.servers import SERVERS, serve
@@ -24,7 +25,9 @@ def stacked(request: pytest.FixtureRequest) -> Iterator[Server]:
 
 def test_gzip_is_active_over_plain_http(stacked: Server, tag: str) -> None:
     body = {"model": "json", "input": "Hi", "metadata": {"tag": tag}}
-    answer = httpx.post(stacked.base_url + "/v1/responses", json=body, headers=GZIP, timeout=5)
+    answer = httpx.post(
+        stacked.base_url + "/v1/responses", json=body, headers=GZIP, timeout=5, verify=CLIENT_TLS
+    )
     assert answer.headers["content-encoding"] == "gzip"
     assert answer.headers["x-inner"] == "1"
 

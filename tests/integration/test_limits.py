@@ -13,6 +13,7 @@ import pytest
 from openai.types.responses.responses_server_event import ResponseWsError
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.client_tls import CLIENT_TLS
 from tests.integration.clients import Server, async_recv, completed_response, create
 
 
@@ -140,7 +141,7 @@ def _drop(ws: Any) -> None:
 
 @pytest.mark.parametrize("how", ["close", "drop"])
 def test_client_leaving_mid_stream_cancels_the_handler(server: Server, tag: str, how: str) -> None:
-    with httpx.Client(base_url=server.base_url, timeout=5) as http:
+    with httpx.Client(verify=CLIENT_TLS, base_url=server.base_url, timeout=5) as http:
         check_leaving_mid_stream(server, http, tag, how)
 
 

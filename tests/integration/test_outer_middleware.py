@@ -33,6 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import ws_mode
+from tests.client_tls import CLIENT_TLS
 from tests.integration.apps import sse, turn_events
 from tests.integration.clients import Server, completed_response
 from tests.servers import SERVERS, serve
@@ -200,6 +201,7 @@ def test_the_key_check_guards_socket_turns_wherever_it_is_added(
             json={"model": "m", "input": "Hi"},
             headers={"x-api-key": "wrong"},
             timeout=5,
+            verify=CLIENT_TLS,
         )
         assert over_http.status_code == 401
         refused = turn(server, "wrong")
@@ -218,7 +220,9 @@ def test_the_key_check_guards_socket_turns_wherever_it_is_added(
 
 
 def _tasks(server: Server) -> int:
-    answer = httpx.get(server.base_url + "/debug/tasks", headers={"x-api-key": KEY}, timeout=5)
+    answer = httpx.get(
+        server.base_url + "/debug/tasks", headers={"x-api-key": KEY}, timeout=5, verify=CLIENT_TLS
+    )
     count: int = answer.json()["count"]
     return count
 

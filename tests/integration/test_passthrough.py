@@ -6,12 +6,13 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
+from tests.client_tls import CLIENT_TLS
 from tests.integration.clients import Server, completed_response, create, sdk_until_terminal
 
 
 def test_plain_http_post_reaches_the_app_unchanged(server: Server, tag: str) -> None:
     body = {"model": "scripted", "input": "Hi", "metadata": {"tag": tag, "k": "0"}}
-    answer = httpx.post(server.base_url + "/v1/responses", json=body, timeout=5)
+    answer = httpx.post(server.base_url + "/v1/responses", json=body, timeout=5, verify=CLIENT_TLS)
     assert answer.status_code == 200
     assert answer.headers["content-type"] == "application/json"
     response = Response.model_validate(answer.json())
@@ -24,7 +25,9 @@ def test_plain_http_post_reaches_the_app_unchanged(server: Server, tag: str) -> 
 
 def test_plain_http_streaming_post(server: Server, tag: str) -> None:
     body = {"model": "scripted", "input": "Hi", "stream": True, "metadata": {"tag": tag}}
-    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=5) as answer:
+    with httpx.stream(
+        "POST", server.base_url + "/v1/responses", json=body, timeout=5, verify=CLIENT_TLS
+    ) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"].startswith("text/event-stream")
         text = answer.read().decode()
@@ -48,7 +51,7 @@ def test_plain_http_streaming_post(server: Server, tag: str) -> None:
 def test_other_http_requests_pass_through(
     server: Server, method: str, path: str, status: int
 ) -> None:
-    answer = httpx.request(method, server.base_url + path, json={}, timeout=5)
+    answer = httpx.request(method, server.base_url + path, json={}, timeout=5, verify=CLIENT_TLS)
     assert answer.status_code == status
 
 

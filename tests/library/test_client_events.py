@@ -422,6 +422,11 @@ def json_values(*, finite: bool = True) -> st.SearchStrategy[Any]:
     )
 
 
+# Built once: a strategy built inside a composite is built (and its properties worked out by
+# hypothesis) again for every example, which cost more than the parsing under test.
+JSON_VALUE = json_values()
+ANY_JSON_VALUE = json_values(finite=False)
+
 CREATE_KEYS = [
     "type",
     "stream_id",
@@ -434,18 +439,19 @@ CREATE_KEYS = [
     "tools",
     "model",
 ]
+EVENT_TYPE = st.sampled_from([CREATE, STEER]) | ANY_JSON_VALUE
+SOME_CREATE_KEYS = st.lists(st.sampled_from(CREATE_KEYS), max_size=4)
 
 
 @st.composite
 def frames(draw: st.DrawFn) -> Any:
     """Any JSON value; objects often look like a create or a steer, with wrong field values."""
-    anything = json_values(finite=False)
-    value = draw(anything)
+    value = draw(ANY_JSON_VALUE)
     if isinstance(value, dict) and draw(st.booleans()):
-        value["type"] = draw(st.sampled_from([CREATE, STEER]) | anything)
-        for key in draw(st.lists(st.sampled_from(CREATE_KEYS), max_size=4)):
+        value["type"] = draw(EVENT_TYPE)
+        for key in draw(SOME_CREATE_KEYS):
             if key != "type":
-                value[key] = draw(anything)
+                value[key] = draw(ANY_JSON_VALUE)
     return value
 
 
@@ -490,24 +496,26 @@ def test_any_json_value_is_parsed_or_refused(value: Any) -> None:
 
 
 handler_keys = st.text(min_size=1, max_size=10).filter(lambda key: key not in CREATE_KEYS)
-items = st.lists(st.dictionaries(st.text(max_size=5), json_values(), max_size=3), max_size=3)
+items = st.lists(st.dictionaries(st.text(max_size=5), JSON_VALUE, max_size=3), max_size=3)
+#: The create fields ws_mode reads, each drawn or left out.
+OPTIONAL_CREATE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "stream_id": st.none() | st.from_regex(r"[A-Za-z0-9_.\-]{1,256}", fullmatch=True),
+    "generate": st.none() | st.booleans(),
+    "background": st.none() | st.just(False),
+    "stream": st.none() | st.booleans(),
+    "previous_response_id": st.none() | st.text(),
+    "input": st.none() | st.text() | items,
+    "instructions": st.none() | st.text(),
+    "tools": st.none() | items,
+    "model": st.none() | st.text(),
+}
+HANDLER_FIELDS = st.dictionaries(handler_keys, JSON_VALUE, max_size=5)
 
 
 @st.composite
 def valid_creates(draw: st.DrawFn) -> dict[str, Any]:
-    create: dict[str, Any] = draw(st.dictionaries(handler_keys, json_values(), max_size=5))
-    optional: dict[str, st.SearchStrategy[Any]] = {
-        "stream_id": st.none() | st.from_regex(r"[A-Za-z0-9_.\-]{1,256}", fullmatch=True),
-        "generate": st.none() | st.booleans(),
-        "background": st.none() | st.just(False),
-        "stream": st.none() | st.booleans(),
-        "previous_response_id": st.none() | st.text(),
-        "input": st.none() | st.text() | items,
-        "instructions": st.none() | st.text(),
-        "tools": st.none() | items,
-        "model": st.none() | st.text(),
-    }
-    for key, strategy in optional.items():
+    create: dict[str, Any] = draw(HANDLER_FIELDS)
+    for key, strategy in OPTIONAL_CREATE_FIELDS.items():
         if draw(st.booleans()):
             create[key] = draw(strategy)
     create["type"] = CREATE

@@ -84,35 +84,42 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[CompatibilityCheck,
         yield check, http
 
 
+@pytest.fixture(scope="module")
+def client(server: tuple[CompatibilityCheck, HTTPRecorder]) -> Iterator[httpx.Client]:
+    """One HTTP client for every example: a new one loads the CA bundle (~45 ms of CPU)."""
+    check, _ = server
+    with httpx.Client(base_url=check.base_url, timeout=10) as client:
+        yield client
+
+
 @settings(max_examples=50)
 @given(program=conversations(models=["reference"], wrong_inputs=False))
 def test_socket_conversation_equals_http_with_full_history(
-    server: tuple[CompatibilityCheck, HTTPRecorder], program: Conversation
+    server: tuple[CompatibilityCheck, HTTPRecorder], client: httpx.Client, program: Conversation
 ) -> None:
     check, http = server
     # Over the socket: every turn's handler request is checked against the full history.
     over_socket = check.run(program)
     http.calls.clear()
-    with httpx.Client(base_url=check.base_url, timeout=10) as client:
-        for via_socket in over_socket.turns:
-            if not via_socket.step.generate:
-                continue  # HTTP has no warm-up; its state is the context it prepared
-            request = via_socket.request
-            body = {key: value for key, value in request.items() if key not in SOCKET_ONLY}
-            continued = request.get("previous_response_id") is not None
-            body["input"] = via_socket.context if continued else request["input"]
-            events = post(client, body)
-            via_http = events[-1]["response"]
-            # The client got the same response, event by event type.
-            assert [event["type"] for event in events] == [e["type"] for e in via_socket.events]
-            assert via_http["output"] == via_socket.output
-            assert via_socket.response is not None
-            for key in COMPARED:
-                assert via_socket.response.get(key) == via_http.get(key), key
-            # The handler got the same request over both transports.
-            (socket_call,) = via_socket.calls
-            assert http.calls == [handler_request(socket_call.body, socket_call.context)]
-            http.calls.clear()
+    for via_socket in over_socket.turns:
+        if not via_socket.step.generate:
+            continue  # HTTP has no warm-up; its state is the context it prepared
+        request = via_socket.request
+        body = {key: value for key, value in request.items() if key not in SOCKET_ONLY}
+        continued = request.get("previous_response_id") is not None
+        body["input"] = via_socket.context if continued else request["input"]
+        events = post(client, body)
+        via_http = events[-1]["response"]
+        # The client got the same response, event by event type.
+        assert [event["type"] for event in events] == [e["type"] for e in via_socket.events]
+        assert via_http["output"] == via_socket.output
+        assert via_socket.response is not None
+        for key in COMPARED:
+            assert via_socket.response.get(key) == via_http.get(key), key
+        # The handler got the same request over both transports.
+        (socket_call,) = via_socket.calls
+        assert http.calls == [handler_request(socket_call.body, socket_call.context)]
+        http.calls.clear()
 
 
 def test_the_property_can_fail(server: tuple[CompatibilityCheck, HTTPRecorder]) -> None:

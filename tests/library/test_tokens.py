@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
@@ -46,6 +47,9 @@ class SharedBuffers(RuleBasedStateMachine):
 
 
 TestSharedBuffers = SharedBuffers.TestCase
+# A fork needs three steps and the invariant checks every view after each one (quadratic in
+# the steps): 50 runs of 30 steps reach forks of forks, grown and copied, in any order.
+TestSharedBuffers.settings = settings(max_examples=50, stateful_step_count=30)
 
 
 def test_the_newest_view_grows_in_place_and_a_fork_copies() -> None:

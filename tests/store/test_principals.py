@@ -19,6 +19,7 @@ from starlette.routing import Route
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from tests.client_tls import CLIENT_TLS
 from tests.library.test_steering import Model
 from tests.principals import Keys
 from tests.servers import serve
@@ -49,7 +50,11 @@ def turn_over(socket: ClientConnection, **fields: Any) -> dict[str, Any]:
 
 def post(base_url: str, headers: dict[str, str], **body: Any) -> httpx.Response:
     return httpx.post(
-        base_url + "/v1/responses", json={**FIELDS, **body}, headers=headers, timeout=10
+        base_url + "/v1/responses",
+        json={**FIELDS, **body},
+        headers=headers,
+        timeout=10,
+        verify=CLIENT_TLS,
     )
 
 
@@ -114,7 +119,7 @@ def test_an_object_principal_without_principal_key_is_refused_with_the_fix_logge
         ):
             pass
         assert refused.value.response.status_code == 500
-        got = httpx.get(base_url + "/v1/responses/resp_x", headers=key("sk-a"))
+        got = httpx.get(base_url + "/v1/responses/resp_x", headers=key("sk-a"), verify=CLIENT_TLS)
         assert got.status_code == 500
         assert "principal_key" not in got.text  # the caller gets a generic error
         assert post(base_url, key("sk-a"), input="Hi").status_code == 500
@@ -150,9 +155,11 @@ def test_with_principal_key_tenants_never_see_each_others_responses(
             theirs = turn_over(bob, input=follow_up(mine), previous_response_id=mine["id"])
         assert theirs["error"]["code"] == "previous_response_not_found"
         url = f"{base_url}/v1/responses/{mine['id']}"
-        assert httpx.get(url, headers=key("sk-b")).status_code == 404
-        assert httpx.delete(url, headers=key("sk-b")).status_code == 404
-        assert httpx.get(url, headers=key("sk-a")).json()["id"] == mine["id"]  # still hers
+        assert httpx.get(url, headers=key("sk-b"), verify=CLIENT_TLS).status_code == 404
+        assert httpx.delete(url, headers=key("sk-b"), verify=CLIENT_TLS).status_code == 404
+        assert (
+            httpx.get(url, headers=key("sk-a"), verify=CLIENT_TLS).json()["id"] == mine["id"]
+        )  # still hers
         with connect(ws(base_url), additional_headers=key("sk-a")) as alice:
             again = turn_over(alice, input=follow_up(mine), previous_response_id=mine["id"])
         assert again["type"] == "response.completed"
@@ -199,11 +206,11 @@ def test_get_and_delete_without_valid_credentials_get_401_and_leave_the_record(
     url = f"{base_url}/v1/responses/{stored['id']}"
     for headers in ({}, key("sk-wrong"), {"Authorization": "Bearer sk-wrong"}):
         for method in ("GET", "DELETE"):
-            answer = httpx.request(method, url, headers=headers)
+            answer = httpx.request(method, url, headers=headers, verify=CLIENT_TLS)
             assert answer.status_code == 401, (method, headers)
             assert answer.json()["error"]["code"] == "invalid_api_key"
             assert answer.headers["www-authenticate"] == "Bearer"  # as the socket's refusal
-    assert httpx.get(url, headers=key("sk-acme-1")).json()["id"] == stored["id"]
+    assert httpx.get(url, headers=key("sk-acme-1"), verify=CLIENT_TLS).json()["id"] == stored["id"]
 
 
 def test_a_tenant_cannot_read_delete_or_continue_anothers_response(
@@ -212,8 +219,8 @@ def test_a_tenant_cannot_read_delete_or_continue_anothers_response(
     base_url, _ = tenants
     stored = post(base_url, key("sk-acme-1"), input="Acme's plan").json()
     url = f"{base_url}/v1/responses/{stored['id']}"
-    assert httpx.get(url, headers=key("sk-beta")).status_code == 404
-    assert httpx.delete(url, headers=key("sk-beta")).status_code == 404
+    assert httpx.get(url, headers=key("sk-beta"), verify=CLIENT_TLS).status_code == 404
+    assert httpx.delete(url, headers=key("sk-beta"), verify=CLIENT_TLS).status_code == 404
     continued = post(base_url, key("sk-beta"), input="x", previous_response_id=stored["id"])
     assert continued.status_code == 400
     assert continued.json()["error"]["code"] == "previous_response_not_found"
@@ -221,7 +228,7 @@ def test_a_tenant_cannot_read_delete_or_continue_anothers_response(
         event = turn_over(beta, input="x", previous_response_id=stored["id"])
     assert event["error"]["code"] == "previous_response_not_found"
     # The hook's principal scopes the store, not the key: acme's other key reads it.
-    assert httpx.get(url, headers=key("sk-acme-2")).json()["id"] == stored["id"]
+    assert httpx.get(url, headers=key("sk-acme-2"), verify=CLIENT_TLS).json()["id"] == stored["id"]
 
 
 def test_a_revoked_key_loses_get_access_at_once(tenants: tuple[str, Keys]) -> None:
@@ -229,12 +236,12 @@ def test_a_revoked_key_loses_get_access_at_once(tenants: tuple[str, Keys]) -> No
     keys.grant("sk-leaving", "gamma")
     stored = post(base_url, key("sk-leaving"), input="Mine").json()
     url = f"{base_url}/v1/responses/{stored['id']}"
-    assert httpx.get(url, headers=key("sk-leaving")).status_code == 200
+    assert httpx.get(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 200
     keys.revoke("sk-leaving")
-    assert httpx.get(url, headers=key("sk-leaving")).status_code == 401
-    assert httpx.delete(url, headers=key("sk-leaving")).status_code == 401
+    assert httpx.get(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 401
+    assert httpx.delete(url, headers=key("sk-leaving"), verify=CLIENT_TLS).status_code == 401
     keys.grant("sk-new", "gamma")  # the tenant's new key: the record was left in place
-    assert httpx.get(url, headers=key("sk-new")).json()["id"] == stored["id"]
+    assert httpx.get(url, headers=key("sk-new"), verify=CLIENT_TLS).json()["id"] == stored["id"]
 
 
 def test_a_store_that_cannot_tell_callers_apart_is_refused_unless_shared(

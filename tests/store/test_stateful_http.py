@@ -13,6 +13,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.client_tls import CLIENT_TLS
 from tests.principals import by_bearer_token
 from ws_mode import ConfigError, Limits, WebSocketModeMiddleware
 from ws_mode._store import MemoryStore, StoredResponse
@@ -44,7 +45,7 @@ def running() -> Iterator[Running]:
 
 def post(base: str, stream: bool = False, headers: Any = KEY, **body: Any) -> dict[str, Any]:
     payload = {**FIELDS, **body, "stream": stream}
-    with httpx.Client(base_url=base, headers=headers, timeout=10) as client:
+    with httpx.Client(verify=CLIENT_TLS, base_url=base, headers=headers, timeout=10) as client:
         if not stream:
             answer = client.post("/v1/responses", json=payload)
             return {**answer.json(), "http_status": answer.status_code}
@@ -88,7 +89,9 @@ def test_previous_response_id_over_http_gives_the_handler_the_whole_context(
 
 def test_get_and_delete_answer_from_the_store(running: Running) -> None:
     response = post(running.base_url, input="Keep me")
-    with httpx.Client(base_url=running.base_url, headers=KEY, timeout=10) as client:
+    with httpx.Client(
+        verify=CLIENT_TLS, base_url=running.base_url, headers=KEY, timeout=10
+    ) as client:
         got = client.get(f"/v1/responses/{response['id']}")
         assert got.status_code == 200
         assert got.json()["id"] == response["id"]
@@ -113,7 +116,9 @@ def test_store_false_over_http_is_not_kept(running: Running) -> None:
     response = post(running.base_url, input="Secret", store=False)
     assert response["http_status"] == 200
     assert len(running.store) == before
-    with httpx.Client(base_url=running.base_url, headers=KEY, timeout=10) as client:
+    with httpx.Client(
+        verify=CLIENT_TLS, base_url=running.base_url, headers=KEY, timeout=10
+    ) as client:
         assert client.get(f"/v1/responses/{response['id']}").status_code == 404
 
 
@@ -171,7 +176,7 @@ def test_get_and_delete_answer_503_once_store_read_seconds_passed(
     )
     with (
         ServerThread(app) as base_url,
-        httpx.Client(base_url=base_url, headers=KEY, timeout=10) as client,
+        httpx.Client(verify=CLIENT_TLS, base_url=base_url, headers=KEY, timeout=10) as client,
     ):
         for method in ("GET", "DELETE"):
             started = time.monotonic()

@@ -155,6 +155,9 @@ class Running:
     url: str
     handler: Handler
     plain: str  # the handler alone, without the middleware
+    #: One client for each: a new one loads the CA bundle (~45 ms of CPU) for every POST.
+    http: httpx.Client
+    plain_http: httpx.Client
 
 
 async def principal(scope: Scope) -> str:
@@ -167,17 +170,21 @@ def running() -> Iterator[Running]:
     app = WebSocketModeMiddleware(
         handler, store=MemoryStore(), stateful_http=True, authenticate=principal
     )
-    with ServerThread(app) as url, ServerThread(handler) as plain:
-        yield Running(url, handler, plain)
+    with (
+        ServerThread(app) as url,
+        ServerThread(handler) as plain,
+        httpx.Client(base_url=url, timeout=10) as http,
+        httpx.Client(base_url=plain, timeout=10) as plain_http,
+    ):
+        yield Running(url, handler, plain, http, plain_http)
 
 
-def post(url: str, **body: Any) -> tuple[bytes, list[tuple[str | None, dict[str, Any]]]]:
+def post(
+    client: httpx.Client, **body: Any
+) -> tuple[bytes, list[tuple[str | None, dict[str, Any]]]]:
     """The raw body of a streamed POST, and its events decoded."""
     payload = {"model": "scripted", "stream": True, **body}
-    with (
-        httpx.Client(base_url=url, timeout=10) as client,
-        client.stream("POST", "/v1/responses", json=payload) as answer,
-    ):
+    with client.stream("POST", "/v1/responses", json=payload) as answer:
         assert answer.status_code == 200, answer.read()
         raw = b"".join(answer.iter_raw())
     return raw, decode(raw)
@@ -208,11 +215,11 @@ def response_id(stream: list[tuple[str | None, dict[str, Any]]]) -> str:
 
 def test_heartbeats_ids_and_retry_pass_unchanged(running: Running) -> None:
     running.handler.framing = Framing(eol=b"\r\n", heartbeats=True, ids=True)
-    raw, stream = post(running.url, input="Hi")
+    raw, stream = post(running.http, input="Hi")
     sent = running.handler.sent[response_id(stream)]
     assert raw == sent  # nothing to echo: not one byte changed
     parent = response_id(stream)
-    raw, stream = post(running.url, input="More", previous_response_id=parent)
+    raw, stream = post(running.http, input="More", previous_response_id=parent)
     sent = running.handler.sent[response_id(stream)]
     assert other_lines(raw) == other_lines(sent)
     assert other_lines(raw).count(b": ping") == 6
@@ -221,8 +228,8 @@ def test_heartbeats_ids_and_retry_pass_unchanged(running: Running) -> None:
 
 def test_a_multi_line_data_event_arrives_as_valid_json(running: Running) -> None:
     running.handler.framing = Framing(multiline=True)
-    _, first = post(running.url, input="Hi")
-    _, stream = post(running.url, input="More", previous_response_id=response_id(first))
+    _, first = post(running.http, input="Hi")
+    _, stream = post(running.http, input="More", previous_response_id=response_id(first))
     assert stream[0][1]["response"]["previous_response_id"] == response_id(first)
     assert stream[-1][1]["response"]["previous_response_id"] == response_id(first)
     assert stream == echoed(decode(running.handler.sent[response_id(stream)]), response_id(first))
@@ -230,13 +237,12 @@ def test_a_multi_line_data_event_arrives_as_valid_json(running: Running) -> None
 
 def test_a_data_only_stream_is_stored_and_continued(running: Running) -> None:
     running.handler.framing = Framing(event_lines=False)
-    _, first = post(running.url, input="Hi")
+    _, first = post(running.http, input="Hi")
     first_id = response_id(first)
-    with httpx.Client(base_url=running.url, timeout=10) as client:
-        got = client.get(f"/v1/responses/{first_id}")
+    got = running.http.get(f"/v1/responses/{first_id}")
     assert got.status_code == 200
     assert got.json() == first[-1][1]["response"]
-    _, second = post(running.url, input="More", previous_response_id=first_id)
+    _, second = post(running.http, input="More", previous_response_id=first_id)
     # The handler got the whole conversation: the first input, its answer, the new input.
     assert len(running.handler.inputs[response_id(second)]) == 3
     assert second[-1][1]["response"]["previous_response_id"] == first_id
@@ -266,17 +272,16 @@ def test_any_framing_reaches_the_client_as_the_handler_sent_it(
     objects echoing `previous_response_id`), every other line as it was, and the stored
     response is the terminal one the client got."""
     running.handler.framing = framing
-    raw, first = post(running.url, input="Hi")
+    raw, first = post(running.http, input="Hi")
     assert raw == running.handler.sent[response_id(first)]
     parent = response_id(first)
-    raw, second = post(running.url, input="More", previous_response_id=parent)
+    raw, second = post(running.http, input="More", previous_response_id=parent)
     sent = running.handler.sent[response_id(second)]
     assert second == echoed(decode(sent), parent)
     assert other_lines(raw) == other_lines(sent)
-    with httpx.Client(base_url=running.url, timeout=10) as client:
-        stored = client.get(f"/v1/responses/{response_id(second)}")
+    stored = running.http.get(f"/v1/responses/{response_id(second)}")
     assert stored.json() == second[-1][1]["response"]
-    plain, direct = post(running.plain, input="Hi")  # what "sent" holds is what it sends
+    plain, direct = post(running.plain_http, input="Hi")  # what "sent" holds is what it sends
     assert plain == running.handler.sent[response_id(direct)]
 
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
+from tests.client_tls import CLIENT_TLS
 from tests.principals import by_bearer_token
 from ws_mode import ConfigError, Limits, WebSocketModeMiddleware
 from ws_mode._items import encode_items
@@ -170,7 +171,7 @@ def test_a_conversation_continued_on_any_worker_equals_http_with_full_history(
     history: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     previous: str | None = None
     new_input: Any = prompt
-    with httpx.Client(base_url=workers.urls[0], timeout=10) as http:
+    with httpx.Client(verify=CLIENT_TLS, base_url=workers.urls[0], timeout=10) as http:
         for worker in route:
             with workers.socket(worker) as ws:
                 event = turn_over(ws, input=new_input, previous_response_id=previous)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.client_tls import CLIENT_TLS
 from tests.servers import serve
 from tests.store_kit import FIELDS, answers, key, private_handler, turn, who
 from ws_mode import WebSocketModeMiddleware
@@ -73,7 +74,11 @@ def test_a_store_that_is_not_a_boolean_is_refused_over_stateful_http(
     """Refused before the handler (which here validates nothing) is called."""
     body = {**FIELDS, "input": "Keep this?", "store": value}
     answer = httpx.post(
-        private.base_url + "/v1/responses", json=body, headers=key("alice"), timeout=10
+        private.base_url + "/v1/responses",
+        json=body,
+        headers=key("alice"),
+        timeout=10,
+        verify=CLIENT_TLS,
     )
     assert answer.status_code == 400
     error = answer.json()["error"]
@@ -125,7 +130,9 @@ def test_a_response_object_saying_store_false_is_not_kept_by_stateful_http(
     private: Served, stream: bool
 ) -> None:
     body = {**FIELDS, "input": "Secret", "stream": stream}
-    with httpx.Client(base_url=private.base_url, headers=key("alice"), timeout=10) as http:
+    with httpx.Client(
+        verify=CLIENT_TLS, base_url=private.base_url, headers=key("alice"), timeout=10
+    ) as http:
         answer = http.post("/v1/responses", json=body)
         assert answer.status_code == 200
         text = answer.text

@@ -17,6 +17,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from openai.types.websocket_reconnection import ReconnectingEvent, ReconnectingOverrides
 
+from tests.client_tls import CLIENT_TLS
 from tests.principals import by_bearer_token
 from tests.servers import serve
 from ws_mode import Limits, WebSocketModeMiddleware
@@ -81,7 +82,10 @@ def answers(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def over_http(base_url: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The output plain HTTP gives for the whole `history`."""
     answer = httpx.post(
-        base_url + "/v1/responses", json={"model": MODEL, "input": history}, timeout=TIMEOUT
+        base_url + "/v1/responses",
+        json={"model": MODEL, "input": history},
+        timeout=TIMEOUT,
+        verify=CLIENT_TLS,
     )
     assert answer.status_code == 200, answer.text
     output: list[dict[str, Any]] = answer.json()["output"]
