@@ -223,7 +223,7 @@ def ws_mode_serve(*flags: str, cwd: Path, timeout: float = 15.0) -> Iterator[Ser
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        banner = first_line(process, "ws-mode serve:", timeout=20)
+        banner = first_line(process, "ws-mode serve:", timeout=60)  # a loaded machine
         found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", banner)
         assert found, banner
         yield ServeProcess(process, banner, f"http://127.0.0.1:{found.group(1)}")
