@@ -43,6 +43,14 @@ PING_SECONDS: Final = 20.0
 #: uvicorn the extras allow serves with its ``websockets`` implementation, which is built on
 #: ``websockets.legacy`` (deprecated since websockets 14).
 UVICORN_WS: Final = "ws_mode.server:BatchingWebSocketProtocol"
+#: uvicorn's WebSocket implementations by the names ``--ws`` takes (``ws-mode serve``, ``ws-mode
+#: proxy``, the benches): uvicorn's ``ws`` setting (not its deprecated ``websockets`` one), and
+#: ``batched``, ours.
+WS_IMPLEMENTATIONS: Final = {
+    "batched": UVICORN_WS,
+    "websockets-sansio": "websockets-sansio",
+    "wsproto": "wsproto",
+}
 
 
 HOST: Final = "127.0.0.1"

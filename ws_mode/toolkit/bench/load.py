@@ -70,6 +70,7 @@ from ws_mode._limits import Limits
 from ws_mode._middleware import WebSocketModeMiddleware
 from ws_mode._sse import SSEDecoder
 from ws_mode.testing._loopback import (
+    WS_IMPLEMENTATIONS,
     ServerProcess,
     ServerStartError,
     add_child_arguments,
@@ -190,6 +191,8 @@ class LoadOptions:
     compression: bool = True
     #: Rounds of both sides; even rounds run the sockets first, odd ones HTTP first.
     rounds: int = 1
+    #: The server's uvicorn WebSocket implementation, as ``ws-mode serve --ws`` names it.
+    ws: str = "batched"
 
     def __post_init__(self) -> None:
         checks = (
@@ -356,9 +359,11 @@ def serve(argv: Sequence[str]) -> int:
     add_child_arguments(parser)
     args = parser.parse_args(argv)
     raise_file_limit()
+    spec = json.loads(args.spec)
     serve_inherited(
-        build_load_app(json.loads(args.spec)),
+        build_load_app(spec),
         args,
+        ws=WS_IMPLEMENTATIONS[spec.get("ws", "batched")],
         backlog=BACKLOG,
         ws_max_size=64 * 1024 * 1024,
         timeout_keep_alive=60,
@@ -1097,6 +1102,7 @@ def server_process(options: LoadOptions) -> Iterator[ServerProcess]:
         "connections": options.connections,
         "max_cached_bytes": options.max_cached_bytes,
         "max_cached_responses": options.max_cached_responses,
+        "ws": options.ws,
     }
     with contextlib.ExitStack() as stack:
         try:
@@ -1213,6 +1219,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="sockets without permessage-deflate (the openai SDK asks for it)",
     )
     parser.add_argument(
+        "--ws",
+        choices=tuple(WS_IMPLEMENTATIONS),
+        default=defaults.ws,
+        help="the server's uvicorn WebSocket implementation, as ws-mode serve --ws "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=defaults.rounds,
@@ -1246,6 +1259,7 @@ def options_from(arguments: argparse.Namespace) -> LoadOptions:
         http=arguments.http,
         rounds=arguments.rounds,
         compression=arguments.compression,
+        ws=arguments.ws,
     )
 
 

@@ -27,7 +27,7 @@ from ws_mode import _logs as logs
 from ws_mode._install import install_hint
 from ws_mode._limits import Limits
 from ws_mode._store import MemoryStore, ResponseStore, check_store
-from ws_mode.testing._loopback import UVICORN_WS, ws_max_size
+from ws_mode.testing._loopback import WS_IMPLEMENTATIONS, ws_max_size
 
 from ..args import number, port
 
@@ -98,16 +98,6 @@ CLI_REQUIREMENTS: Final = Requirements(
 
 #: A socket's lifetime in seconds, as ``--max-connection-seconds`` takes it.
 CONNECTION_SECONDS: Final = number(float, 0, strict=True)
-
-
-#: ``--ws``: uvicorn's WebSocket implementations by name (its ``ws`` setting; not its deprecated
-#: ``websockets`` one), and ours: ``batched``, websockets-sansio writing the frames of one pass
-#: of the event loop in one system call (:class:`ws_mode.server.BatchingWebSocketProtocol`).
-WS_IMPLEMENTATIONS: Final = {
-    "batched": UVICORN_WS,
-    "websockets-sansio": "websockets-sansio",
-    "wsproto": "wsproto",
-}
 
 
 def add_server_arguments(
