@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from .._protocol import TERMINAL_EVENTS
 from ._client import DEFAULT_PATH, FrameError, SocketClosed, SyncSocket, connect
-from ._program import Step
+from ._program import LOOKUP_TOOL, Step
 from ._report import TurnFailed
 from ._validation import check_events, check_type, frame_failure
 
@@ -39,19 +39,6 @@ Outcome = Literal["passed", "failed", "skipped"]
 STEER_EVENTS: Final = frozenset(
     {"response.steer.accepted", "response.steer.pending", "response.steer.failed"}
 )
-#: A function tool any model can call.
-LOOKUP_TOOL: Final[dict[str, Any]] = {
-    "type": "function",
-    "name": "lookup",
-    "description": "Look a word up in the dictionary.",
-    "parameters": {
-        "type": "object",
-        "properties": {"word": {"type": "string"}},
-        "required": ["word"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
 #: Asks for a long answer: a stream slow enough to steer into.
 LONG_ANSWER: Final = "Write a long story, at least 300 words, about a lighthouse keeper."
 

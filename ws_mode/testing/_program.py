@@ -38,7 +38,8 @@ FORMS: tuple[InputForm, ...] = ("message", "string", "parts", "developer")
 WRONG_INPUTS: tuple[WrongInput, ...] = ("unknown_call", "duplicate_output", "missing_outputs")
 
 DEFAULT_INSTRUCTIONS: tuple[str | None, ...] = (None, "Be brief.", "Use the tools when they help.")
-_LOOKUP: dict[str, Any] = {
+#: A function tool any model can call (the conformance cases ask for it too).
+LOOKUP_TOOL: dict[str, Any] = {
     "type": "function",
     "name": "lookup",
     "description": "Look a word up in the dictionary.",
@@ -64,8 +65,8 @@ _SEARCH: dict[str, Any] = {
 }
 DEFAULT_TOOLS: tuple[tuple[dict[str, Any], ...] | None, ...] = (
     None,
-    (_LOOKUP,),
-    (_SEARCH, _LOOKUP),
+    (LOOKUP_TOOL,),
+    (_SEARCH, LOOKUP_TOOL),
 )
 DEFAULT_MODELS: tuple[str, ...] = ("ws-mode-check",)
 DEFAULT_LANES: tuple[str | None, ...] = (None, "main", "side")
