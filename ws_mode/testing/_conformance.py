@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from .._protocol import TERMINAL_EVENTS
 from ._client import DEFAULT_PATH, FrameError, SocketClosed, SyncSocket, connect
-from ._program import LOOKUP_TOOL, Step
+from ._program import Step
 from ._report import TurnFailed
 from ._validation import check_events, check_type, frame_failure
 

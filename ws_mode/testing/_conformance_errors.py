@@ -12,7 +12,6 @@ from typing import Any, Final
 from ._client import SocketClosed
 from ._conformance import (
     LONG_ANSWER,
-    LOOKUP_TOOL,
     CaseFailed,
     CaseSkipped,
     ConformanceCase,
@@ -20,6 +19,7 @@ from ._conformance import (
     describe,
 )
 from ._conformance_lanes import GUIDE
+from ._program import LOOKUP_TOOL
 from ._validation import envelope_problems
 
 ERRORS_SOURCE: Final = "docs/protocol.md, Errors"

@@ -17,7 +17,6 @@ from .._protocol import TERMINAL_EVENTS
 from ._client import SyncSocket
 from ._conformance import (
     LONG_ANSWER,
-    LOOKUP_TOOL,
     STEER_EVENTS,
     CaseFailed,
     CaseSkipped,
@@ -27,6 +26,7 @@ from ._conformance import (
     describe,
 )
 from ._conformance_state import FAILING_FIELDS
+from ._program import LOOKUP_TOOL
 from ._validation import steer_accepted_problems
 
 STEERING_GUIDE: Final = "OpenAI steering guide"
