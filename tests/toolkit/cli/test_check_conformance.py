@@ -1,7 +1,8 @@
 """``ws-mode check URL --all``: the deployment checks and every conformance case, against
 ``ws-mode serve`` and through ``ws-mode proxy`` in front of it (real servers in child
-processes, on loopback). Every case passes but the two a run must be told how to trigger (a
-429, the connection lifetime): they are skipped, which does not fail the run. ``--case``
+processes, on loopback; the reference model answers the model ``limited`` with 429, through the
+proxy too). Every case passes but the connection lifetime's, which a run must be told how to
+trigger: it is skipped, which does not fail the run. ``--case``
 picks cases, ``--list`` lists them, ``--json`` holds them, a failed case exits 1."""
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from ws_mode.testing import CONFORMANCE_CASES
 from ws_mode.toolkit.cli import main
 
 #: What the reference model needs for every case: a tool call before each answer (the
-#: pending steer), streams slow enough to steer into.
-SERVE_FLAGS = ("--tool-calls", "1", "--tokens-per-second", "400")
-#: The cases a run must be told how to trigger, skipped without it.
-SKIPPED = {"errors.rate_limit_headers": "429", "errors.connection_lifetime": "lifetime"}
+#: pending steer), streams slow enough to steer into, a model answered with 429.
+SERVE_FLAGS = ("--tool-calls", "1", "--tokens-per-second", "400", "--rate-limited-model", "limited")
+#: Tells the run which request the server answers with 429.
+RATE_LIMITED = ("--rate-limited-request", '{"model": "limited"}')
+#: The case a run must be told how to trigger (a lifetime short enough), skipped without it.
+SKIPPED = {"errors.connection_lifetime": "lifetime"}
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +52,32 @@ def case_rows(out: str) -> dict[str, str]:
     return rows
 
 
+def report_cases(out: str) -> list[tuple[str, str]]:
+    """Each conformance row's name and the rest of its line."""
+    names = {case.name for case in CONFORMANCE_CASES}
+    return [
+        (line.split()[0], line)
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in names
+    ]
+
+
 def check_all(capsys: pytest.CaptureFixture[str], origin: str, tmp_path: Path) -> dict[str, Any]:
     written = tmp_path / "check.json"
-    status, out, rows, _ = run(capsys, origin, "--all", *FAST, "--json", str(written))
+    status, out, rows, _ = run(
+        capsys, origin, "--all", *RATE_LIMITED, *FAST, "--json", str(written)
+    )
     assert status == 0, out
     assert set(rows.values()) <= {"ok", "skipped"}, out
     outcomes = case_rows(out)
     assert list(outcomes) == [case.name for case in CONFORMANCE_CASES]
     expected = {name: "skipped" if name in SKIPPED else "passed" for name in outcomes}
     assert outcomes == expected, out
+    limited = next(case for case in report_cases(out) if case[0] == "errors.rate_limit_headers")
+    assert "retry-after" in limited[1], out
+    assert "x-ratelimit-remaining-requests" in limited[1], out
     total = len(CONFORMANCE_CASES)
-    assert f"conformance: {total - 2} passed, 0 failed, 2 skipped" in out
+    assert f"conformance: {total - 1} passed, 0 failed, 1 skipped" in out
     report: dict[str, Any] = json.loads(written.read_text())
     assert report["ok"] is True
     return report
@@ -113,7 +131,7 @@ def test_a_pattern_that_matches_no_case_is_refused(
 def test_a_failed_case_fails_the_run(
     served: ServeProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # ws-mode serve answers no request with 429: told one does, the case fails.
+    # ws-mode serve answers only the model "limited" with 429: told another is, the case fails.
     status, out, rows, _ = run(
         capsys, served.origin, "--case", "errors.rate_limit_headers",
         "--rate-limited-request", '{"model": "any"}', *FAST,

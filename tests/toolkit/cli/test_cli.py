@@ -259,7 +259,7 @@ def test_the_workers_settings_go_through_the_environment(
 ) -> None:
     settings = ServeSettings(
         tool_calls=5, tokens_per_second=250.5, full_context="on_miss",
-        max_connection_seconds=12.5, store="memory",
+        max_connection_seconds=12.5, store="memory", rate_limited_model="limited",
     )  # fmt: skip
     variables = settings.environment()
     assert set(variables) == set(ENVIRONMENT.values())

@@ -56,6 +56,7 @@ ENVIRONMENT: Final = {
     "max_connection_seconds": "WS_MODE_SERVE_MAX_CONNECTION_SECONDS",
     "store": "WS_MODE_SERVE_STORE",
     "start_degraded": "WS_MODE_SERVE_START_DEGRADED",
+    "rate_limited_model": "WS_MODE_SERVE_RATE_LIMITED_MODEL",
 }
 #: Where each worker's app comes from (a factory: uvicorn calls it in each worker).
 APP_FACTORY: Final = "ws_mode.toolkit.cli.serve:app_from_environment"
@@ -77,7 +78,8 @@ def _flag(text: str) -> bool:
 class ServeSettings:
     """What ``ws-mode serve`` serves: the reference model's script and speed, the middleware's
     ``full_context``, the sockets' lifetime, the store (``memory``, a Redis URL, or none),
-    and whether to start when the store does not work (``start_degraded``)."""
+    whether to start when the store does not work (``start_degraded``), and the model name
+    answered with 429 (``rate_limited_model``)."""
 
     tool_calls: int = 3
     tokens_per_second: float = 0.0
@@ -85,6 +87,7 @@ class ServeSettings:
     max_connection_seconds: float = Limits().max_connection_seconds
     store: str | None = None
     start_degraded: bool = False
+    rate_limited_model: str | None = None
 
     @classmethod
     def from_arguments(cls, args: argparse.Namespace) -> ServeSettings:
@@ -96,6 +99,7 @@ class ServeSettings:
             max_connection_seconds=args.max_connection_seconds,
             store=args.store,
             start_degraded=args.start_degraded,
+            rate_limited_model=args.rate_limited_model,
         )
 
     @classmethod
@@ -109,6 +113,7 @@ class ServeSettings:
             max_connection_seconds=_variable(environ, "max_connection_seconds", CONNECTION_SECONDS),
             store=_variable(environ, "store", store_argument),
             start_degraded=_variable(environ, "start_degraded", _flag),
+            rate_limited_model=_variable(environ, "rate_limited_model", str),
         )
 
     def environment(self) -> dict[str, str]:
@@ -120,6 +125,7 @@ class ServeSettings:
             "max_connection_seconds": repr(self.max_connection_seconds),
             "store": self.store,
             "start_degraded": "true" if self.start_degraded else "false",
+            "rate_limited_model": self.rate_limited_model,
         }
         return {ENVIRONMENT[field]: value for field, value in values.items() if value is not None}
 
@@ -132,6 +138,7 @@ class ServeSettings:
             limits=Limits(max_connection_seconds=self.max_connection_seconds),
             store=store_from_argument(self.store) if self.store else None,
             start_degraded=self.start_degraded,
+            rate_limited_model=self.rate_limited_model,
         )
 
 
@@ -196,6 +203,13 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="simulated generation speed, 0 for no delay (default: %(default)g)",
     )
     serve.add_argument(
+        "--rate-limited-model",
+        metavar="NAME",
+        default=None,
+        help="answer requests for this model with 429 and OpenAI's rate-limit headers "
+        "(retry-after, x-ratelimit-*), to see what clients get (default: none)",
+    )
+    serve.add_argument(
         "--workers",
         type=number(int, 1),
         default=1,
@@ -220,18 +234,24 @@ def build_app(
     limits: Limits | None = None,
     store: ResponseStore | None = None,
     start_degraded: bool = False,
+    rate_limited_model: str | None = None,
 ) -> WebSocketModeMiddleware:
     """The reference Responses server wrapped by the middleware, as ``ws-mode serve`` runs it.
 
     The reference server authenticates nobody, so a ``store`` is shared by every caller
     (``shared_store=True``; the middleware warns so at startup). ``start_degraded`` starts it
-    even when the store does not work (the middleware's own).
+    even when the store does not work (the middleware's own). Requests for
+    ``rate_limited_model`` are answered with 429 and OpenAI's rate-limit headers.
     Its :class:`~ws_mode.toolkit.reference.ReferenceStats` are on ``app.app.state.reference_stats``.
     """
     from ..reference import ReferenceConfig, create_app
 
     reference = create_app(
-        ReferenceConfig(tool_calls=tool_calls, tokens_per_second=tokens_per_second)
+        ReferenceConfig(
+            tool_calls=tool_calls,
+            tokens_per_second=tokens_per_second,
+            rate_limited_model=rate_limited_model,
+        )
     )
     return WebSocketModeMiddleware(
         reference,

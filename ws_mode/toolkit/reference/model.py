@@ -82,6 +82,9 @@ class ReferenceConfig:
         answer_tokens: words in the final answer (at least 1).
         argument_padding: extra filler characters in each tool call's arguments.
         time_to_first_token: seconds slept before the first delta (0 = none).
+        rate_limited_model: a model name the server answers with 429 and OpenAI's rate-limit
+            headers (``retry-after``, ``x-ratelimit-*``), for testing how clients see rate
+            limits; None: no model is.
     """
 
     tool_calls: int = 3
@@ -89,6 +92,7 @@ class ReferenceConfig:
     answer_tokens: int = 40
     argument_padding: int = 0
     time_to_first_token: float = 0.0
+    rate_limited_model: str | None = None
 
     def __post_init__(self) -> None:
         """Reject values the model cannot honour, with a message naming the field."""
@@ -97,6 +101,10 @@ class ReferenceConfig:
         _require_int("argument_padding", self.argument_padding, 0)
         _require_delay("tokens_per_second", self.tokens_per_second)
         _require_delay("time_to_first_token", self.time_to_first_token)
+        if self.rate_limited_model is not None and not isinstance(self.rate_limited_model, str):
+            raise TypeError(
+                f"rate_limited_model must be a string or None, got {self.rate_limited_model!r}"
+            )
 
 
 def _require_delay(name: str, value: object) -> None:

@@ -28,6 +28,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ws_mode._protocol import error_body
+
 from . import context as _context
 from .compaction import compaction_item, compaction_response, refuse_compact_request
 from .model import ReferenceConfig, output_tokens, script_from_state
@@ -105,6 +107,9 @@ def _respond(
     stats.bytes_parsed += len(raw)
     try:
         parsed = parse(raw)
+        limited = config.rate_limited_model
+        if limited is not None and parsed.body.get("model") == limited:
+            return _rate_limited(limited), 0.0
         found, context = _read_context(request, parsed, tokenizer)
     except RequestError as error:
         return error.response(), 0.0
@@ -158,6 +163,31 @@ def _respond(
     delay = config.time_to_first_token + (produced / rate if rate else 0.0)
     completed["completed_at"] = int(time.time() + delay)
     return Response(orjson.dumps(completed), media_type="application/json"), delay
+
+
+#: The headers of the rate-limited model's 429, as OpenAI's API sends them.
+RATE_LIMIT_HEADERS: dict[str, str] = {
+    "retry-after": "20",
+    "retry-after-ms": "20000",
+    "x-ratelimit-limit-requests": "60",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "20s",
+    "x-ratelimit-limit-tokens": "150000",
+    "x-ratelimit-remaining-tokens": "149000",
+    "x-ratelimit-reset-tokens": "6ms",
+}
+
+
+def _rate_limited(model: str) -> Response:
+    """The 429 of ``ReferenceConfig.rate_limited_model``: OpenAI's error body and its
+    rate-limit headers."""
+    body = error_body(
+        "requests",
+        "rate_limit_exceeded",
+        f"Rate limit reached for {model} on requests per min (RPM): Limit 60, Used 60, "
+        "Requested 1. Please try again in 20s.",
+    )
+    return Response(body, 429, RATE_LIMIT_HEADERS, media_type="application/json")
 
 
 def _compact(raw: bytes, stats: ReferenceStats, tokenizer: ReferenceTokenizer) -> dict[str, Any]:
