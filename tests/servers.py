@@ -217,13 +217,29 @@ class ServeProcess:
 def ws_mode_serve(*flags: str, cwd: Path, timeout: float = 15.0) -> Iterator[ServeProcess]:
     """Run `ws-mode serve --port 0 FLAGS` from `cwd` (the installed package is all it needs);
     yield it once its banner names the port, stop it after."""
+    with _ws_mode_command("serve", flags, cwd=cwd, timeout=timeout) as process:
+        yield process
+
+
+@contextlib.contextmanager
+def ws_mode_proxy(*flags: str, timeout: float = 10.0) -> Iterator[ServeProcess]:
+    """Run `ws-mode proxy --port 0 FLAGS`; yield it once its banner names the port, stop it
+    after."""
+    with _ws_mode_command("proxy", flags, cwd=None, timeout=timeout) as process:
+        yield process
+
+
+@contextlib.contextmanager
+def _ws_mode_command(
+    command: str, flags: tuple[str, ...], *, cwd: Path | None, timeout: float
+) -> Iterator[ServeProcess]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "ws_mode.toolkit.cli", "serve", "--port", "0", *flags,
+        [sys.executable, "-m", "ws_mode.toolkit.cli", command, "--port", "0", *flags,
          "--log-level", "warning"],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        banner = first_line(process, "ws-mode serve:", timeout=60)  # a loaded machine
+        banner = first_line(process, f"ws-mode {command}:", timeout=60)  # a loaded machine
         found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", banner)
         assert found, banner
         yield ServeProcess(process, banner, f"http://127.0.0.1:{found.group(1)}")

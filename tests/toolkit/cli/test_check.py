@@ -29,6 +29,7 @@ from websockets.exceptions import InvalidStatus
 
 from tests.redis_server import RedisServer
 from tests.servers import ServeProcess, ws_mode_serve
+from tests.toolkit.cli.checks import FAST, flat, row, run
 from ws_mode import WebSocketModeMiddleware
 from ws_mode._auth import AuthenticationFailed, bearer_token
 from ws_mode._limits import Limits
@@ -44,8 +45,6 @@ from ws_mode.toolkit.http_client import HttpClient, HttpStatusError
 
 KiB = 1024
 MiB = 1024 * KiB
-#: Flags that keep a run short: no idle wait, small probes.
-FAST = ("--idle", "0", "--max-probe-bytes", "0", "--timeout", "10")
 #: uvicorn's own default frame limit (16 MiB), as a server started without --ws-max-size has.
 UVICORN_WS_MAX_SIZE: int = inspect.signature(uvicorn.Config).parameters["ws_max_size"].default
 
@@ -245,30 +244,6 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """``ws-mode serve`` in a child process, for the whole module."""
     with ws_mode_serve(cwd=tmp_path_factory.mktemp("serve")) as process:
         yield process
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, dict[str, str], str]:
-    """``ws-mode check ARGS``: its exit status, its output, each row's result, and what it
-    said on stderr (which holds no traceback)."""
-    status = main(["check", *args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err
-    rows = {}
-    for line in out.splitlines():
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) >= 2 and cells[1] in ("ok", "FAILED", "skipped"):
-            rows[cells[0]] = cells[1]
-    return status, out, rows, err
-
-
-def flat(out: str) -> str:
-    """The output with its line breaks (the wrapped hints') made spaces."""
-    return " ".join(out.split())
-
-
-def row(out: str, name: str) -> str:
-    """The table line of the check ``name``."""
-    return next(line for line in out.splitlines() if line.strip().startswith(name + "  "))
 
 
 def test_every_check_passes_against_ws_mode_serve(

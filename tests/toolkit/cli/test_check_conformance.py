@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers import ServeProcess, ws_mode_serve
-from tests.toolkit.cli.test_check import FAST, run
-from tests.toolkit.cli.test_metrics import ws_mode_proxy
+from tests.servers import ServeProcess, ws_mode_proxy, ws_mode_serve
+from tests.toolkit.cli.checks import FAST, run
 from ws_mode.testing import CONFORMANCE_CASES
 from ws_mode.toolkit.cli import main
 

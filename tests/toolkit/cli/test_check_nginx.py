@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from tests.toolkit.cli.test_check import flat, row, run
+from tests.toolkit.cli.checks import flat, row, run
 from ws_mode.testing._loopback import ServerThread, ws_max_size
 from ws_mode.toolkit.cli.serve import build_app
 

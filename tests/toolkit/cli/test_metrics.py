@@ -4,11 +4,7 @@ API, scraped over HTTP from the real command after real socket turns."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import re
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import ServeProcess, first_line, stop, ws_mode_serve
+from tests.servers import ws_mode_proxy, ws_mode_serve
 from ws_mode.testing._client import connect
 from ws_mode.testing._loopback import ServerThread
 from ws_mode.toolkit.cli import main
@@ -89,23 +85,6 @@ def test_serve_without_metrics_has_no_metrics_path(tmp_path: Path) -> None:
     with ws_mode_serve(cwd=tmp_path) as served:
         assert "Prometheus" not in served.banner
         assert httpx.get(f"{served.origin}/metrics", timeout=10).status_code == 404
-
-
-@contextlib.contextmanager
-def ws_mode_proxy(*flags: str) -> Iterator[ServeProcess]:
-    """Run ``ws-mode proxy --port 0 FLAGS``; yield it once its banner names the port."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ws_mode.toolkit.cli", "proxy", "--port", "0", *flags,
-         "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        banner = first_line(process, "ws-mode proxy:", timeout=20)
-        found = re.search(r"ws://127\.0\.0\.1:(\d+)/v1/responses", banner)
-        assert found, banner
-        yield ServeProcess(process, banner, f"http://127.0.0.1:{found.group(1)}")
-    finally:
-        stop(process, 10)
 
 
 def test_proxy_metrics_are_scraped_beside_the_api() -> None:
