@@ -182,11 +182,7 @@ class HandlerCall:
                     for event_type, data in self._decoder.feed(body):
                         if sink.finished:
                             break
-                        framed = sink.frame(event_type, data)
-                        if isinstance(framed, str):
-                            await sink.send_text(framed)
-                        else:
-                            await sink.event(framed, from_handler=True)
+                        await self._forward(sink.frame(event_type, data))
                 except ClientGone:
                     self._client_gone = True
                     raise
@@ -222,15 +218,19 @@ class HandlerCall:
         sink = self.sink
         if sink.finished:
             return  # what follows the terminal event reaches nobody
-        framed = sink.frame_object(event)
         try:
-            if isinstance(framed, str):
-                await sink.send_text(framed)
-            else:
-                await sink.event(framed, from_handler=True)
+            await self._forward(sink.frame_object(event))
         except ClientGone:
             self._client_gone = True
             raise
+
+    async def _forward(self, framed: str | dict[str, Any]) -> None:
+        """Send what the sink's `frame` or `frame_object` gave: a frame as it is, an event
+        through the sink's `event`."""
+        if isinstance(framed, str):
+            await self.sink.send_text(framed)
+        else:
+            await self.sink.event(framed, from_handler=True)
 
     async def _finish(self) -> None:
         if self.sink.finished:

@@ -49,6 +49,21 @@ def _lane(name: str) -> str:
     return f"conform-{name}-{secrets.token_hex(3)}"
 
 
+def steer_accepted(
+    probe: Probe, socket: SyncSocket, target: str, seen: list[dict[str, Any]], into: str
+) -> dict[str, Any]:
+    """Steer into ``target`` (``into`` says what it is while it streams) and return the
+    ``response.steer.accepted``: skips the case when the response finished first, fails it on
+    any other answer."""
+    socket.send(steer(target))
+    answer = steer_answer(probe, socket, seen)
+    if failed_code(answer) == "response_already_completed":
+        raise CaseSkipped(TOO_FAST)
+    if answer["type"] != "response.steer.accepted":
+        raise CaseFailed(f"a steer into {into} was answered with {describe(answer)}")
+    return answer
+
+
 def steer_answer(probe: Probe, socket: SyncSocket, seen: list[dict[str, Any]]) -> dict[str, Any]:
     """The next steering event; the response events read meanwhile go to ``seen``. Skips the
     case when steering is not supported, fails it when an ``error`` came instead."""
@@ -97,12 +112,7 @@ def accepted(probe: Probe) -> str:
     socket = probe.socket()
     lane = _lane("steer")
     target, seen = start_streaming(probe, socket, probe.create(LONG_ANSWER, stream_id=lane))
-    socket.send(steer(target))
-    answer = steer_answer(probe, socket, seen)
-    if failed_code(answer) == "response_already_completed":
-        raise CaseSkipped(TOO_FAST)
-    if answer["type"] != "response.steer.accepted":
-        raise CaseFailed(f"a steer into a streaming response was answered with {describe(answer)}")
+    answer = steer_accepted(probe, socket, target, seen, "a streaming response")
     problems = steer_accepted_problems(answer, target, lane)
     if problems:
         raise CaseFailed("response.steer.accepted: " + "; ".join(problems))
@@ -138,12 +148,7 @@ def successor(probe: Probe) -> str:
     else:
         raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")
     target = str(seen[0]["response"]["id"])
-    socket.send(steer(target))
-    answer = steer_answer(probe, socket, seen)
-    if failed_code(answer) == "response_already_completed":
-        raise CaseSkipped(TOO_FAST)
-    if answer["type"] != "response.steer.accepted":
-        raise CaseFailed(f"a steer into a streaming message was answered with {describe(answer)}")
+    steer_accepted(probe, socket, target, seen, "a streaming message")
     steers: list[dict[str, Any]] = []
     steered = probe.turn(socket, request, send=False, before=seen, steers=steers)
     if steered.last["type"] == "response.incomplete":
@@ -182,12 +187,7 @@ def steer_left_pending(probe: Probe, socket: SyncSocket) -> Pending:
         tool_choice="required",
     )
     target, seen = start_streaming(probe, socket, request)
-    socket.send(steer(target))
-    answer = steer_answer(probe, socket, seen)
-    if failed_code(answer) == "response_already_completed":
-        raise CaseSkipped(TOO_FAST)
-    if answer["type"] != "response.steer.accepted":
-        raise CaseFailed(f"a steer into a streaming response was answered with {describe(answer)}")
+    answer = steer_accepted(probe, socket, target, seen, "a streaming response")
     steers: list[dict[str, Any]] = []
     turn = probe.turn(socket, request, send=False, before=seen, steers=steers)
     calls = turn.calls()
