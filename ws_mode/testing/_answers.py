@@ -20,6 +20,7 @@ import orjson
 
 from .._protocol import TERMINAL_EVENT_BY_STATUS
 from .._settings import FullContext
+from .._sse import SSEDecoder
 from ._diff import short
 from ._expected import UNKNOWN_CALL_ID, Plan
 from ._items import Item, as_items
@@ -88,7 +89,7 @@ def http_answer(
         error = detail.get("error") if isinstance(detail, dict) else None
         return Answer(answer.status, [], error if error is not None else detail)
     if "text/event-stream" in kind:
-        return _stream_answer(raw.decode("utf-8", "replace"))
+        return _stream_answer(raw)
     try:
         response = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -96,15 +97,12 @@ def http_answer(
     return _response_answer(response, {})
 
 
-def _stream_answer(text: str) -> Answer:
+def _stream_answer(raw: bytes) -> Answer:
     """The answer an SSE stream gave: its last terminal event's response."""
     done: dict[int, Item] = {}
     terminal: dict[str, Any] | None = None
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        data = "\n".join(
-            line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")
-        )
-        if not data or data == "[DONE]":
+    for _, data in SSEDecoder().feed(raw + b"\n\n"):  # a stream cut short still ends
+        if not data or data == b"[DONE]":
             continue
         try:
             event = orjson.loads(data)
@@ -119,7 +117,7 @@ def _stream_answer(text: str) -> Answer:
         elif kind in TERMINAL_EVENT_BY_STATUS.values() or kind == "error":
             terminal = event
     if terminal is None:
-        return Answer("(no terminal event)", [], text[-200:])
+        return Answer("(no terminal event)", [], raw[-200:].decode("utf-8", "replace"))
     if terminal.get("type") == "error":
         status = terminal.get("status")
         error = terminal.get("error", terminal)
