@@ -7,11 +7,11 @@ an error event (docs/protocol.md, "Errors") before reading the next frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Final
 
 import orjson
-from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from ._items import Items
 from ._protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
@@ -59,47 +59,55 @@ class ProtocolError(Exception):
         )
 
 
-# Validation models. They check the types of the fields ws_mode itself reads; every other
-# field is forwarded to the handler as the client sent it, and the handler validates it.
+# The checks of the fields ws_mode itself reads (`stream_id` is checked first, on its own),
+# in the order they run: the first that fails is the one reported. Every other field is
+# forwarded to the handler as the client sent it, and the handler validates it. Types are
+# strict: a number is not a boolean, `"false"` is not false.
 
 
-def _items(value: Any) -> Any:
-    """An array of objects, checked without the copy pydantic would make of each one (a frame
-    may hold a million items)."""
-    if type(value) is not list or not all(type(item) is dict for item in value):
-        raise ValueError("expected an array of objects")
-    return value
+def _optional_str(value: Any) -> bool:
+    return value is None or type(value) is str
 
 
-def _input(value: Any) -> Any:
-    return value if value is None or type(value) is str else _items(value)
+def _optional_bool(value: Any) -> bool:
+    return value is None or type(value) is bool
 
 
-def _tools(value: Any) -> Any:
-    return value if value is None else _items(value)
+def _items(value: Any) -> bool:
+    """An array of objects (a frame may hold a million items: no copy is made)."""
+    return type(value) is list and all(type(item) is dict for item in value)
 
 
-class _Create(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    type: Literal["response.create"]
-    stream_id: str | None = None
-    generate: bool | None = None
-    background: bool | None = None
-    stream: bool | None = None
-    previous_response_id: str | None = None
-    input: Annotated[Any, PlainValidator(_input)] = None
-    instructions: str | None = None
-    tools: Annotated[Any, PlainValidator(_tools)] = None
-    model: str | None = None
+def _optional_input(value: Any) -> bool:
+    return value is None or type(value) is str or _items(value)
 
 
-class _Steer(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+def _optional_tools(value: Any) -> bool:
+    return value is None or _items(value)
 
-    type: Literal["response.steer"]
-    previous_response_id: str
-    input: Any = None
+
+#: `response.create`'s checked fields: name, check, what the check expects.
+_CREATE_FIELDS: Final = (
+    ("generate", _optional_bool, "a boolean"),
+    ("background", _optional_bool, "a boolean"),
+    ("stream", _optional_bool, "a boolean"),
+    ("previous_response_id", _optional_str, "a string"),
+    ("input", _optional_input, "a string or an array of item objects"),
+    ("instructions", _optional_str, "a string"),
+    ("tools", _optional_tools, "an array of tool objects"),
+    ("model", _optional_str, "a string"),
+)
+
+
+def _type_problem(
+    data: dict[str, Any], fields: tuple[tuple[str, Callable[[Any], bool], str], ...]
+) -> tuple[str, str] | None:
+    """The first of `fields` whose value in `data` fails its check: its name and what it
+    expects; None when all pass."""
+    for name, check, expected in fields:
+        if not check(data.get(name)):
+            return name, expected
+    return None
 
 
 #: The only fields `response.steer` takes.
@@ -211,22 +219,15 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
             code="invalid_stream_id",
             param="stream_id",
         )
-    refusal: ProtocolError | None = None
-    try:
-        create = _Create.model_validate(data)
-    except ValidationError as exc:
-        refusal = _validation_error(exc, stream_id)
-    if refusal is not None:
-        # Raised outside the handler: a refusal waiting on its lane must not keep the
-        # validation error, which holds the whole frame.
-        refusal.on_lane = True
-        raise refusal
+    wrong = _type_problem(data, _CREATE_FIELDS)
+    if wrong is not None:
+        raise _invalid_type(*wrong, stream_id=stream_id, on_lane=True)
     problem = store_problem(data.get("store"))
     if problem is not None:
         raise ProtocolError(
             problem, code="invalid_type", param="store", stream_id=stream_id, on_lane=True
         )
-    if create.background:
+    if data.get("background"):
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
             "use the HTTP API for background responses.",
@@ -251,58 +252,40 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         items=items,
         input_text=raw_input if isinstance(raw_input, str) else None,
         input_sent=raw_input is not None,
-        previous_response_id=create.previous_response_id,
+        previous_response_id=data.get("previous_response_id"),
         stream_id=stream_id,
-        generate=create.generate is not False,
+        generate=data.get("generate") is not False,
         tools=data.get("tools"),
         size=size,
     )
 
 
 def _parse_steer(data: dict[str, Any]) -> SteerEvent:
-    try:
-        steer = _Steer.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc, None) from None
+    previous_response_id = data.get("previous_response_id")
+    if previous_response_id is None and "previous_response_id" not in data:
+        raise ProtocolError(
+            "Missing required parameter: 'previous_response_id'.",
+            code="missing_required_parameter",
+            param="previous_response_id",
+        )
+    if type(previous_response_id) is not str:
+        raise _invalid_type("previous_response_id", "a string")
     unexpected = tuple(key for key in data if key not in _STEER_FIELDS)
     return SteerEvent(
-        previous_response_id=steer.previous_response_id, input=steer.input, unexpected=unexpected
+        previous_response_id=previous_response_id, input=data.get("input"), unexpected=unexpected
     )
 
 
-def _validation_error(exc: ValidationError, stream_id: str | None) -> ProtocolError:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    location = [str(part) for part in first["loc"]]
-    # Union members add their own names to the location; keep the field path only.
-    param = location[0] if location else None
-    if first["type"] == "missing":
-        return ProtocolError(
-            f"Missing required parameter: '{param}'.",
-            code="missing_required_parameter",
-            param=param,
-            stream_id=stream_id,
-        )
-    expected = {
-        "input": "a string or an array of item objects",
-        "tools": "an array of tool objects",
-    }.get(param or "", _expected_type(first["type"]))
+def _invalid_type(
+    param: str, expected: str, *, stream_id: str | None = None, on_lane: bool = False
+) -> ProtocolError:
     return ProtocolError(
         f"Invalid type for '{param}': expected {expected}.",
         code="invalid_type",
         param=param,
         stream_id=stream_id,
+        on_lane=on_lane,
     )
-
-
-def _expected_type(error_type: str) -> str:
-    for name, words in (
-        ("string", "a string"),
-        ("bool", "a boolean"),
-        ("literal", "one of the allowed values"),
-    ):
-        if name in error_type:
-            return words
-    return "a value of another type"
 
 
 def _json_type(value: object) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -587,3 +589,23 @@ def test_a_create_knows_its_frame_size() -> None:
     event = parse_client_event(text)
     assert isinstance(event, CreateEvent)
     assert event.size == len(text)
+
+
+def test_the_core_and_the_proxy_need_no_pydantic() -> None:
+    """Client events are checked by hand: the middleware, its server and the proxy import and
+    validate with pydantic absent (a proxy process is about 8 MiB smaller without it)."""
+    code = (
+        "import sys\n"
+        "sys.modules['pydantic'] = None\n"
+        "import ws_mode, ws_mode.proxy, ws_mode.server\n"
+        "from ws_mode._client_events import ProtocolError, parse_client_event\n"
+        'parse_client_event(\'{"type": "response.create", "input": "hi"}\')\n'
+        "try:\n"
+        '    parse_client_event(\'{"type": "response.create", "generate": 0}\')\n'
+        "except ProtocolError as error:\n"
+        "    print(error.code, error.param)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["invalid_type", "generate"]
