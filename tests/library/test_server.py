@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,7 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ws_mode import Limits, WebSocketModeMiddleware, find_middlewares
-from ws_mode.server import RefusalLineFilter, Server
+from ws_mode.server import GC_THRESHOLD, RefusalLineFilter, Server, tune_gc
 from ws_mode.testing._loopback import bind_loopback
 
 #: A bound on what must not hang (never a speed).
@@ -195,3 +197,68 @@ async def test_a_plain_uvicorn_server_cuts_running_turns_with_1012() -> None:
         held.release.set()
     assert "response.completed" not in kinds
     assert code == 1012
+
+
+# --- the garbage collector ------------------------------------------------------------------
+
+#: Runs in a fresh interpreter (the collector's settings are the process's): a `Server` with
+#: the given `gc_threshold` serves on loopback until started, then prints the collector's
+#: first threshold and how many objects it froze; and a cycle made afterwards is still freed.
+GC_PROBE = """
+import asyncio, gc, sys, weakref
+import uvicorn
+from starlette.applications import Starlette
+from ws_mode.server import Server
+
+async def main() -> None:
+    threshold = None if sys.argv[1] == "none" else int(sys.argv[1])
+    config = uvicorn.Config(Starlette(), host="127.0.0.1", port=0, lifespan="off", log_config=None)
+    server = Server(config, [], gc_threshold=threshold)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    class Node: pass
+    node = Node(); node.self = node; gone = weakref.ref(node); del node
+    gc.collect()
+    print(gc.get_threshold()[0], gc.get_freeze_count(), gone() is None)
+    server.should_exit = True
+    await task
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [("default", 50_000), ("1234", 1234)])
+def test_a_started_server_makes_the_collector_cheaper(threshold: str, expected: int) -> None:
+    argument = str(GC_THRESHOLD) if threshold == "default" else threshold
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, argument],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    first, frozen, freed = done.stdout.split()
+    assert int(first) == expected
+    assert int(frozen) > 1000  # the modules and the app, out of the collections' walk
+    assert freed == "True"  # cyclic garbage is still collected
+
+
+def test_gc_threshold_none_leaves_the_collector_alone() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, "none"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    first, frozen, freed = done.stdout.split()
+    assert (int(first), int(frozen), freed) == (700, 0, "True")
+
+
+@pytest.mark.parametrize("threshold", [0, -1])
+def test_a_threshold_below_one_is_refused(threshold: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Server(config(Starlette()), [], gc_threshold=threshold)
+    with pytest.raises(ValueError, match="at least 1"):
+        tune_gc(threshold)

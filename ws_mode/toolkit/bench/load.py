@@ -69,6 +69,7 @@ from ws_mode._cache import NODE_OVERHEAD
 from ws_mode._limits import Limits
 from ws_mode._middleware import WebSocketModeMiddleware
 from ws_mode._sse import SSEDecoder
+from ws_mode.server import GC_THRESHOLD, tune_gc
 from ws_mode.testing._loopback import (
     WS_IMPLEMENTATIONS,
     ServerProcess,
@@ -193,6 +194,9 @@ class LoadOptions:
     rounds: int = 1
     #: The server's uvicorn WebSocket implementation, as ``ws-mode serve --ws`` names it.
     ws: str = "batched"
+    #: The server's garbage collector, as ``ws-mode serve`` sets it (``ws_mode.server.tune_gc``
+    #: with this threshold); 0 leaves Python's as it is.
+    gc_threshold: int = GC_THRESHOLD
 
     def __post_init__(self) -> None:
         checks = (
@@ -206,6 +210,7 @@ class LoadOptions:
             ("max_cached_responses", self.max_cached_responses, 1, 1 << 20),
             ("turn_timeout", self.turn_timeout, 0.1, MAX_DURATION),
             ("rounds", self.rounds, 1, MAX_ROUNDS),
+            ("gc_threshold", self.gc_threshold, 0, 1 << 30),
         )
         for name, value, low, high in checks:
             if not low <= value <= high:
@@ -360,8 +365,11 @@ def serve(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     raise_file_limit()
     spec = json.loads(args.spec)
+    app = build_load_app(spec)
+    if spec.get("gc_threshold"):
+        tune_gc(spec["gc_threshold"])  # as ws-mode serve's server does once started
     serve_inherited(
-        build_load_app(spec),
+        app,
         args,
         ws=WS_IMPLEMENTATIONS[spec.get("ws", "batched")],
         backlog=BACKLOG,
@@ -1046,6 +1054,15 @@ class LoadReport:
             f"{format_bytes(self.rss_bound)} ({self.rss_source}; the caches count "
             f"{format_bytes(self.cache_bytes_expected)})"
         )
+        threshold = self.options.get("gc_threshold")
+        lines.append(
+            f"server: uvicorn --ws {self.options.get('ws')}, garbage collector "
+            + (
+                f"tuned (young collections every {threshold} allocations)"
+                if threshold
+                else "as Python sets it"
+            )
+        )
         stats = self.server_stats
         if stats:
             lines.append(
@@ -1103,6 +1120,7 @@ def server_process(options: LoadOptions) -> Iterator[ServerProcess]:
         "max_cached_bytes": options.max_cached_bytes,
         "max_cached_responses": options.max_cached_responses,
         "ws": options.ws,
+        "gc_threshold": options.gc_threshold,
     }
     with contextlib.ExitStack() as stack:
         try:
@@ -1226,6 +1244,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=defaults.gc_threshold,
+        metavar="N",
+        help="the server's garbage collector as ws-mode serve sets it: young collections every "
+        "N allocations, what is alive at start frozen (ws_mode.server.tune_gc); 0 leaves "
+        "Python's collector as it is (default: %(default)s)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=defaults.rounds,
@@ -1260,6 +1287,7 @@ def options_from(arguments: argparse.Namespace) -> LoadOptions:
         rounds=arguments.rounds,
         compression=arguments.compression,
         ws=arguments.ws,
+        gc_threshold=arguments.gc_threshold,
     )
 
 
