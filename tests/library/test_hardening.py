@@ -184,7 +184,8 @@ def close_code(socket: ClientConnection) -> int | None:
 
 def run_server(app: Any, port: int, *, find: bool = False) -> tuple[Server, threading.Thread]:
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = Server(config) if find else Server(config, [app])
+    # gc_threshold=None: the collector is the test worker's, left as it is.
+    server = Server(config, gc_threshold=None) if find else Server(config, [app], gc_threshold=None)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

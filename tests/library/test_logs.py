@@ -133,7 +133,8 @@ def _refused_upgrade_lines(server: str, *, documented_filter: bool) -> list[tupl
 def _library_server(app: WebSocketModeMiddleware) -> Iterator[str]:
     """`ws_mode.server.Server` on a loopback socket, in a thread."""
     sock = bind_loopback()
-    server = Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    # gc_threshold=None: the collector is the test worker's, left as it is.
+    server = Server(uvicorn.Config(app, log_level="warning", lifespan="off"), gc_threshold=None)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
