@@ -88,8 +88,9 @@ class ResponseStream:
         self.tap = ResponseTap(previous_response_id)
         self.stream_id = stream_id
         self.finished = False
-        #: Set when the response ended (`finished`), for whoever waits on it.
-        self.ended = asyncio.Event()
+        #: Resolved when the response ended (`finished`): the future the turn waits on (set by
+        #: the turn runner; None while nobody waits).
+        self.ended: asyncio.Future[None] | None = None
         self._sent = 0  # events sent so far: the next one's sequence_number
         #: The length of the frames sent so far (for the access log and the turn's span).
         self.bytes_out = 0
@@ -202,7 +203,9 @@ class ResponseStream:
         # continue from it at once, on any lane.
         if tap.finished:
             self.finished = True
-            self.ended.set()
+            ended = self.ended
+            if ended is not None and not ended.done():
+                ended.set_result(None)
             if tap.response is not None and tap.output is not None:
                 self.owner.response_finished(tap.response, tap.output, decoded_size(text))
             elif tap.failure is not None:
