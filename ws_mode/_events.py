@@ -134,6 +134,10 @@ class ResponseStream:
             if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
                 return event
             self.tap.remember_item(event)
+        if self._prefix is None:  # the default lane: the data is the frame (`_forwarded`)
+            self._sent += 1
+            self.bytes_out += len(data)
+            return data.decode()  # orjson accepted it, so it is valid UTF-8
         return self._forwarded(data)
 
     def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
