@@ -97,6 +97,16 @@ class ResponseTap:
             self.failure = _failure_code(event)
         return changed
 
+    def echo_unchanged(self, event: dict[str, Any]) -> bool:
+        """Whether `see` leaves `event`, one that carries the response object, as it is: the
+        object already says the client's `previous_response_id` (or there is none to echo
+        into). Such an event may be forwarded as it was encoded."""
+        response = event.get("response")
+        return (
+            not isinstance(response, dict)
+            or response.get("previous_response_id", _ABSENT) == self.previous_response_id
+        )
+
     def remember_item(self, event: dict[str, Any]) -> None:
         """Keep the item of a `response.output_item.done`."""
         item, index = event.get("item"), event.get("output_index")
