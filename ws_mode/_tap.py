@@ -129,7 +129,11 @@ class ResponseTap:
             output = self.items_so_far()
         self.succeeded = True
         self.response = response
-        self.output = [item for item in output if isinstance(item, dict)]
+        if not all(type(item) is dict for item in output):
+            output = [item for item in output if isinstance(item, dict)]
+        # Most often the response's own list, shared (nothing changes either): a cached
+        # response keeps one container fewer for the garbage collector to walk.
+        self.output = output
 
 
 _ABSENT = object()
