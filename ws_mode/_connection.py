@@ -226,8 +226,6 @@ class Connection:
         """The timer came due: move it on, or end the receive it interrupts. While a frame is
         handled it stays unarmed; the receive loop checks before it receives again."""
         self._timer = None
-        if self._state is _CLOSED:
-            return
         loop = asyncio.get_running_loop()
         expired = self._expiry(loop.time())
         if expired is None:
