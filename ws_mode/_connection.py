@@ -59,6 +59,10 @@ class SocketState(enum.Enum):
     CLOSED = "closed"
 
 
+# Why the timer ends a connection (`Connection._expiry`).
+_LIFETIME = "lifetime"
+_IDLE = "idle"
+
 #: `SocketState.CLOSED` for `send_text`, which looks once per event: a module global is read
 #: faster than an enum's attribute.
 _CLOSED = SocketState.CLOSED
@@ -96,6 +100,10 @@ class Connection:
         self._send_started: float | None = None
         self._run_task: asyncio.Task[Any] | None = None
         self._active_at = 0.0  # the loop time of the last frame or finished turn
+        self._deadline = 0.0  # the loop time the lifetime limit ends the connection
+        self._timer: asyncio.TimerHandle | None = None  # when it may next expire
+        self._receiving = False  # the receive loop waits for a frame (the timer may end it)
+        self._expired: str | None = None  # why the timer ended the receive
         self._authenticated_at = 0.0
         self._owner: str | None = None  # whose stored responses this connection sees
 
@@ -141,39 +149,32 @@ class Connection:
         if self._state is SocketState.CONNECTING:  # a drain may have come first
             self._state = SocketState.OPEN
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.max_connection_seconds
-        idle = self.limits.max_idle_seconds
+        self._deadline = loop.time() + self.limits.max_connection_seconds
         self._active_at = loop.time()
-        self._run_task = asyncio.current_task()
+        task = self._run_task = asyncio.current_task()
+        assert task is not None  # run() is always awaited in a task
         watchdog = asyncio.create_task(self._watch_sends())
         try:
             while True:
-                wake = deadline if idle is None else min(deadline, self._active_at + idle)
+                if self._timer is None:
+                    # Not armed: the first pass, or it came due while a frame was handled.
+                    expired = self._expiry(loop.time())
+                    if expired is not None:
+                        await self._expire(expired)
+                        return
+                    self._timer = loop.call_at(self._wake_at(), self._on_timer)
+                self._receiving = True
                 try:
-                    async with asyncio.timeout_at(wake):
-                        message = await self._receive()
-                except TimeoutError:
-                    if loop.time() >= deadline:
-                        minutes = self.limits.max_connection_seconds / 60
-                        await self._end(
-                            "websocket_connection_limit_reached",
-                            f"Responses websocket connection limit reached ({minutes:g} "
-                            "minutes). Create a new websocket connection to continue.",
-                            "connection lifetime limit reached",
-                        )
-                        return
-                    if self.lanes.tasks():  # a turn in flight is not idleness
-                        self._active_at = loop.time()
-                        continue
-                    if loop.time() >= self._active_at + (idle or 0.0):
-                        await self._end(
-                            "websocket_idle_timeout",
-                            f"No request for {idle:g} seconds (Limits.max_idle_seconds); the "
-                            "connection is closed. Open a new one to continue.",
-                            "idle timeout",
-                        )
-                        return
-                    continue
+                    message = await self._receive()
+                except asyncio.CancelledError:
+                    expired, self._expired = self._expired, None
+                    # The timer's cancellation only, as `asyncio.timeout` tells its own apart.
+                    if expired is None or task.uncancel() > 0:
+                        raise
+                    await self._expire(expired)
+                    return
+                finally:
+                    self._receiving = False
                 self._active_at = loop.time()
                 kind = message["type"]
                 if kind == "websocket.receive":
@@ -188,14 +189,68 @@ class Connection:
             if not watchdog.done():  # it returns once it has closed a stalled connection
                 raise
             # The watchdog ended a connection whose client stopped reading.
-            self._run_task.uncancel()  # type: ignore[union-attr]
+            task.uncancel()
             return
         finally:
             self._state = SocketState.CLOSED
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             watchdog.cancel()
             await self.lanes.stop()
             await self.turns.close()
             self.cache.clear()
+
+    # The connection's deadlines: its lifetime and its idle time. One timer per connection,
+    # moved on only when it comes due, instead of a timeout around each frame's receive (a
+    # timer handle made and cancelled per frame).
+
+    def _wake_at(self) -> float:
+        """When the connection may next expire (it moves on as frames arrive, never back)."""
+        idle = self.limits.max_idle_seconds
+        return self._deadline if idle is None else min(self._deadline, self._active_at + idle)
+
+    def _expiry(self, now: float) -> str | None:
+        """How the connection has expired at `now` (`_LIFETIME`, `_IDLE`), or None."""
+        if now >= self._deadline:
+            return _LIFETIME
+        idle = self.limits.max_idle_seconds
+        if idle is None or now < self._active_at + idle:
+            return None
+        if self.lanes.tasks():  # a turn in flight is not idleness
+            self._active_at = now
+            return None
+        return _IDLE
+
+    def _on_timer(self) -> None:
+        """The timer came due: move it on, or end the receive it interrupts. While a frame is
+        handled it stays unarmed; the receive loop checks before it receives again."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        expired = self._expiry(loop.time())
+        if expired is None:
+            self._timer = loop.call_at(self._wake_at(), self._on_timer)
+        elif self._receiving and self._run_task is not None:
+            self._expired = expired
+            self._run_task.cancel()
+
+    async def _expire(self, expired: str) -> None:
+        """End the connection for its lifetime limit or its idle time."""
+        if expired == _LIFETIME:
+            minutes = self.limits.max_connection_seconds / 60
+            await self._end(
+                "websocket_connection_limit_reached",
+                f"Responses websocket connection limit reached ({minutes:g} "
+                "minutes). Create a new websocket connection to continue.",
+                "connection lifetime limit reached",
+            )
+        else:
+            await self._end(
+                "websocket_idle_timeout",
+                f"No request for {self.limits.max_idle_seconds:g} seconds "
+                "(Limits.max_idle_seconds); the connection is closed. Open a new one to continue.",
+                "idle timeout",
+            )
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, let running and queued turns finish for up to `grace`

@@ -3,10 +3,12 @@
 Every event is checked to be a JSON object (a handler that sends anything else gets an error
 event for its turn), but most go out as the handler encoded them: the data's own `type` names
 it (read by the `ResponseTap`, which stateful HTTP shares), and a lane's `stream_id` is spliced
-into the encoded object. Only the events that carry the response object (`response.created`,
-`response.completed`, ...), finished output items and errors are re-encoded: the first to echo
-the client's `previous_response_id`, the terminal ones to tell the turn (the stream's
-`ResponseOwner`) how the response ended, so the cache advances before the client hears it.
+into the encoded object. Only errors, the events that carry the response object
+(`response.created`, `response.completed`, ...) when the echo of the client's
+`previous_response_id` changes them, and a finished output item the response may be cut after
+for steering are re-encoded. The tap reads the events that carry the response either way, and
+a terminal one tells the turn (the stream's `ResponseOwner`) how the response ended before it
+goes out, so the cache advances before the client hears it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from orjson import JSONEncodeError, dumps
 
 from ._cache import decoded_size
 from ._logs import for_log
-from ._protocol import DECODED_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from ._protocol import DECODED_EVENTS, RESPONSE_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
 from ._socket import ClientSocket
 from ._steering import SteerInbox
 from ._tap import ResponseTap
@@ -88,8 +90,9 @@ class ResponseStream:
         self.tap = ResponseTap(previous_response_id)
         self.stream_id = stream_id
         self.finished = False
-        #: Set when the response ended (`finished`), for whoever waits on it.
-        self.ended = asyncio.Event()
+        #: Resolved when the response ended (`finished`): the future the turn waits on (set by
+        #: the turn runner; None while nobody waits).
+        self.ended: asyncio.Future[None] | None = None
         self._sent = 0  # events sent so far: the next one's sequence_number
         #: The length of the frames sent so far (for the access log and the turn's span).
         self.bytes_out = 0
@@ -130,9 +133,23 @@ class ResponseStream:
             return _not_a_json_object()
         kind = event.get("type")
         if kind.__class__ is str and kind in DECODED_EVENTS:
-            if kind != "response.output_item.done" or (self.inbox is not None and self.inbox.cuts):
-                return event
-            self.tap.remember_item(event)
+            tap = self.tap
+            if kind == "response.output_item.done":
+                if self.inbox is not None and self.inbox.cuts:
+                    return event  # the response may end after it: `event` asks the inbox
+                tap.remember_item(event)
+            elif kind in RESPONSE_EVENTS and tap.echo_unchanged(event):
+                # Its response object already says the client's `previous_response_id`: no
+                # re-encoding, it goes out as it was encoded (the tap reads it all the same).
+                tap.see(event)
+                if tap.finished:
+                    self._ended(data)
+            else:
+                return event  # an error, or the echo changes it
+        if self._prefix is None:  # the default lane: the data is the frame (`_forwarded`)
+            self._sent += 1
+            self.bytes_out += len(data)
+            return data.decode()  # orjson accepted it, so it is valid UTF-8
         return self._forwarded(data)
 
     def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
@@ -198,15 +215,8 @@ class ResponseStream:
         encoded = orjson.dumps(event)
         self.bytes_out += len(encoded)
         text = encoded.decode()
-        # The cache advances before the client hears the response finished, so it can
-        # continue from it at once, on any lane.
         if tap.finished:
-            self.finished = True
-            self.ended.set()
-            if tap.response is not None and tap.output is not None:
-                self.owner.response_finished(tap.response, tap.output, decoded_size(text))
-            elif tap.failure is not None:
-                self.owner.response_failed()
+            self._ended(text)
         self._sent += 1
         await self.send_text(text)
         if kind == "response.output_item.done" and self.inbox is not None:
@@ -215,6 +225,20 @@ class ResponseStream:
             if cut is not None:
                 self.steered = True
                 await self.event(cut)
+
+    def _ended(self, encoded: str | bytes) -> None:
+        """The event about to go out (`encoded`) ended the response: the stream is finished
+        and its owner told how. The cache advances before the client hears the response
+        finished, so it can continue from it at once, on any lane."""
+        tap = self.tap
+        self.finished = True
+        ended = self.ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+        if tap.response is not None and tap.output is not None:
+            self.owner.response_finished(tap.response, tap.output, decoded_size(encoded))
+        elif tap.failure is not None:
+            self.owner.response_failed()
 
 
 def _not_a_json_object() -> dict[str, Any]:

@@ -97,6 +97,16 @@ class ResponseTap:
             self.failure = _failure_code(event)
         return changed
 
+    def echo_unchanged(self, event: dict[str, Any]) -> bool:
+        """Whether `see` leaves `event`, one that carries the response object, as it is: the
+        object already says the client's `previous_response_id` (or there is none to echo
+        into). Such an event may be forwarded as it was encoded."""
+        response = event.get("response")
+        return (
+            not isinstance(response, dict)
+            or response.get("previous_response_id", _ABSENT) == self.previous_response_id
+        )
+
     def remember_item(self, event: dict[str, Any]) -> None:
         """Keep the item of a `response.output_item.done`."""
         item, index = event.get("item"), event.get("output_index")
@@ -119,7 +129,11 @@ class ResponseTap:
             output = self.items_so_far()
         self.succeeded = True
         self.response = response
-        self.output = [item for item in output if isinstance(item, dict)]
+        if not all(type(item) is dict for item in output):
+            output = [item for item in output if isinstance(item, dict)]
+        # Most often the response's own list, shared (nothing changes either): a cached
+        # response keeps one container fewer for the garbage collector to walk.
+        self.output = output
 
 
 _ABSENT = object()

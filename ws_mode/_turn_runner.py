@@ -256,8 +256,6 @@ class TurnRunner:
         call = asyncio.create_task(
             HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
         )
-        # If the turn is abandoned just as the call fails, nobody reads the outcome here.
-        call.add_done_callback(_retrieve)
         try:
             await self._until_finished(stream, call)
         finally:
@@ -352,16 +350,24 @@ class TurnRunner:
         return current, new_fragment, body
 
     async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
-        """Wait until the response ended or the handler call returned, whichever is first."""
-        ended = asyncio.create_task(stream.ended.wait())
+        """Wait until the response ended or the handler call returned, whichever is first.
+
+        One future, resolved by whichever comes first (the stream's end, the call's return,
+        `max_turn_seconds`): `asyncio.wait` on the call and a task waiting on an event cost a
+        task, a future and a pass of the event loop more per turn."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        stream.ended = waiter
+        call.add_done_callback(functools.partial(_call_ended, waiter))
+        limit = self.limits.max_turn_seconds
+        timer = loop.call_later(limit, _wake, waiter) if limit is not None else None
         try:
-            await asyncio.wait(
-                (call, ended),
-                timeout=self.limits.max_turn_seconds,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            if not stream.finished and not call.done():
+                await waiter
         finally:
-            ended.cancel()
+            stream.ended = None
+            if timer is not None:
+                timer.cancel()
             if not stream.finished and not call.done():
                 # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
                 call.cancel()
@@ -514,9 +520,18 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
     return mode == "always" and not previous.remote
 
 
-def _retrieve(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """Resolve the future a turn waits on, unless it is done (or cancelled) already."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _call_ended(waiter: asyncio.Future[None], call: asyncio.Task[None]) -> None:
+    """The handler call's one done callback: it wakes the turn, and reads the call's outcome
+    (if the turn is abandoned just as the call fails, nobody reads it otherwise)."""
+    _wake(waiter)
+    if not call.cancelled():
+        call.exception()
 
 
 def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:

@@ -236,6 +236,33 @@ async def test_fresh_chain_clears_a_handler_previous_response_id() -> None:
     assert "stream_id" not in recorder.decoded[0]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream_id", [None, "lane"])
+async def test_an_event_the_echo_leaves_as_it_is_goes_out_as_encoded(stream_id: str | None) -> None:
+    """A response object that already says the client's `previous_response_id` is not
+    re-encoded (the handler's own spacing survives), yet the tap reads it and a terminal one
+    still tells the owner first; one the echo changes is re-encoded with the echo."""
+    recorder = Recorder(stream_id=stream_id, previous="resp_parent")
+    spliced = b'{"stream_id":"lane",' if stream_id else b"{"
+    echoed = response(status="in_progress", previous_response_id="resp_parent")
+    created = json.dumps({"type": "response.created", "response": echoed}).encode()
+    await recorder.sse_event("response.created", created)
+    assert recorder.frames == [(spliced + created[1:]).decode()]
+    assert recorder.stream.response_id == "resp_1"
+    done = response(previous_response_id="resp_parent", output=[CALL])
+    completed = json.dumps({"type": "response.completed", "response": done}).encode()
+    await recorder.sse_event("response.completed", completed)
+    assert recorder.frames[-1] == (spliced + completed[1:]).decode()
+    assert recorder.finished == [(done, [CALL])]
+    assert recorder.stream.finished
+
+    other = Recorder(stream_id=stream_id, previous="resp_parent")
+    stale = json.dumps({"type": "response.created", "response": response()}).encode()
+    await other.sse_event("response.created", stale)
+    assert other.frames[0] != (spliced + stale[1:]).decode()
+    assert other.decoded[0]["response"]["previous_response_id"] == "resp_parent"
+
+
 # --- terminal events ------------------------------------------------------------------------
 
 

@@ -64,6 +64,7 @@ def test_short_bench_run_reports_every_mode_and_no_goal(
     assert "bare Starlette WebSocket" in out
     assert "through the middleware" in out
     assert "ws_mode's own CPU per event" in out
+    assert "ws_mode's own CPU per socket turn" in out
     # Measurements and ratios only: the project's goals wait for --check.
     assert "goal" not in out.lower(), out
 
@@ -79,6 +80,8 @@ def test_short_bench_run_reports_every_mode_and_no_goal(
     assert drop_in["bytes_sent"] == cache_aware["bytes_sent"] < http["bytes_sent"]
     assert cache_aware["handler_bytes"] < drop_in["handler_bytes"]
     assert "goals" not in data
+    assert data["forward"]["in_process_cpu_per_turn"] > 0
+    assert data["forward"]["in_process_cache_aware_cpu_per_turn"] > 0
 
     if not has_matplotlib:
         pytest.skip("matplotlib is not installed: the plot is not checked")

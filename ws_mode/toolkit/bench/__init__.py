@@ -26,7 +26,9 @@ What the ``ws-mode bench`` modes share:
 - :mod:`~ws_mode.toolkit.bench.server`: the benchmark server, the reference server in its own
   process (``python -m ws_mode.toolkit.bench.server``);
 - :mod:`~ws_mode.toolkit.bench.control`: the measured processes, their CPU and the modelled link;
-- :mod:`~ws_mode.toolkit.bench.forward`: the event-forwarding microbenchmark.
+- :mod:`~ws_mode.toolkit.bench.forward`: the event-forwarding microbenchmark;
+- :mod:`~ws_mode.toolkit.bench.turns`: the per-turn microbenchmark (ws_mode's own CPU per socket
+  turn, in-process).
 
 The load test, the store benchmark and ``--proxy`` run their server in a child process started
 as their own module with ``--serve``. This package imports none of its modules, so ``python -m``

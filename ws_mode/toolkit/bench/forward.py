@@ -8,7 +8,9 @@ server's CPU time per event.
 
 :func:`forwarding_cost_in_process` isolates ws_mode's own share: the middleware in front of the
 same handler, driven by a stand-in ASGI server whose ``send`` does nothing (no socket, no
-framing), so the CPU time it measures is the handler's ASGI sends plus ws_mode's work.
+framing), so the CPU time it measures is the handler's ASGI sends plus ws_mode's work. Its
+per-turn counterpart is :func:`ws_mode.toolkit.bench.turns.turn_cost_in_process`, whose figures
+`ws-mode bench` keeps on the same :class:`ForwardResult`.
 """
 
 from __future__ import annotations
@@ -201,6 +203,10 @@ class ForwardResult:
     objects_rates: list[float] = field(default_factory=list)
     objects_cpu: list[float] = field(default_factory=list)
     in_process_objects_cpu: list[float] = field(default_factory=list)
+    #: ws_mode's own CPU seconds per socket turn, in-process (:mod:`ws_mode.toolkit.bench.turns`),
+    #: drop-in (``full_context="always"``) and cache-aware (``"on_miss"``).
+    in_process_turn_cpu: list[float] = field(default_factory=list)
+    in_process_cache_aware_turn_cpu: list[float] = field(default_factory=list)
 
     @property
     def bare_rate(self) -> float:
@@ -262,6 +268,16 @@ class ForwardResult:
     def in_process_objects_cpu_per_event(self) -> float:
         """ws_mode's own CPU seconds per event handed as an object, with no socket (median)."""
         return median(self.in_process_objects_cpu)
+
+    @property
+    def in_process_cpu_per_turn(self) -> float:
+        """ws_mode's own CPU seconds per socket turn, drop-in, with no socket (median)."""
+        return median(self.in_process_turn_cpu)
+
+    @property
+    def in_process_cache_aware_cpu_per_turn(self) -> float:
+        """ws_mode's own CPU seconds per socket turn, cache-aware, with no socket (median)."""
+        return median(self.in_process_cache_aware_turn_cpu)
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:

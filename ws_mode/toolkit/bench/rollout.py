@@ -6,7 +6,8 @@ and WebSocket mode cache-aware against the reference server, run, summarized and
 for the clients (:func:`~ws_mode.toolkit.bench.control.linked`), runs every mode
 (:data:`~ws_mode.toolkit.bench.options.MODES`) at every model speed, interleaved and repeated
 after a warm-up, and the forwarding microbenchmark (:mod:`ws_mode.toolkit.bench.forward`,
-straight to the server); :func:`summarize` turns each mode's samples into the medians of a
+straight to the server) with its per-turn counterpart (:mod:`ws_mode.toolkit.bench.turns`,
+in-process); :func:`summarize` turns each mode's samples into the medians of a
 :class:`ModeSummary`; the result is a :class:`BenchReport`. The clients are the tools'
 (:mod:`ws_mode.toolkit.rollout`, :mod:`ws_mode.toolkit.http_client`).
 
@@ -38,11 +39,13 @@ from .forward import ForwardError, ForwardResult, forwarding_cost_in_process, ru
 from .goals import goal_lines, measured_goals, percent
 from .options import MODES, BenchError, BenchOptions, Mode, speed_key, speed_label
 from .server import ServerSpec, mode_path
+from .turns import TURN_EVENTS, TurnBenchError, turn_cost_in_process
 
 if TYPE_CHECKING:
     from ..rollout import RolloutResult
 
 __all__ = [
+    "TURN_COST_TURNS",
     "WINDOW",
     "BenchReport",
     "ModeSummary",
@@ -62,6 +65,8 @@ __all__ = [
 
 WINDOW: Final = 3
 """Turns in the early and late windows (fewer on short rollouts)."""
+TURN_COST_TURNS: Final = 1000
+"""Turns per repetition of the per-turn microbenchmark (:mod:`ws_mode.toolkit.bench.turns`)."""
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -327,9 +332,16 @@ def run_bench(
                     forward.in_process_objects_cpu = forwarding_cost_in_process(
                         options.forward_events, repeat=options.repeat, objects=True
                     )
+                    say("ws_mode's own CPU per turn, in-process")
+                    forward.in_process_turn_cpu = turn_cost_in_process(
+                        TURN_COST_TURNS, repeat=options.repeat
+                    )
+                    forward.in_process_cache_aware_turn_cpu = turn_cost_in_process(
+                        TURN_COST_TURNS, repeat=options.repeat, full_context="on_miss"
+                    )
             if options.profile is not None:
                 profiles = control.dump_profiles(str(Path(options.profile).resolve()))
-        except (RolloutError, ForwardError) as exc:
+        except (RolloutError, ForwardError, TurnBenchError) as exc:
             raise BenchError(str(exc)) from exc
         finally:
             control.close()
@@ -383,6 +395,8 @@ def report_json(report: BenchReport) -> dict[str, Any]:
             "objects_rate": forward.objects_rate,
             "objects_cpu_ratio": forward.objects_cpu_ratio,
             "in_process_objects_cpu_per_event": forward.in_process_objects_cpu_per_event,
+            "in_process_cpu_per_turn": forward.in_process_cpu_per_turn,
+            "in_process_cache_aware_cpu_per_turn": forward.in_process_cache_aware_cpu_per_turn,
         },
     }
     if report.options.check:
@@ -634,6 +648,13 @@ def format_report(report: BenchReport) -> list[str]:
                 f"  ws_mode's own CPU per event, in-process with no socket: "
                 f"{format_seconds(forward.in_process_cpu_per_event)} (SSE), "
                 f"{format_seconds(forward.in_process_objects_cpu_per_event)} (objects)"
+            )
+        if forward.in_process_turn_cpu:
+            lines.append(
+                f"  ws_mode's own CPU per socket turn, in-process with no socket "
+                f"({TURN_EVENTS} SSE events in one chunk): "
+                f"{format_seconds(forward.in_process_cpu_per_turn)} (drop-in), "
+                f"{format_seconds(forward.in_process_cache_aware_cpu_per_turn)} (cache-aware)"
             )
     if options.check:
         lines += ["", *goal_lines(measured_goals(report))]
