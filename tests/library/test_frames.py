@@ -56,32 +56,14 @@ def test_a_refusal_from_the_worker_keeps_everything_it_says() -> None:
 
 
 def test_other_sockets_keep_being_served_while_a_large_frame_is_parsed() -> None:
-    """The longest the event loop is held while a large frame is parsed off it is a small
-    part of what parsing it in place holds it for."""
+    """The most the event loop works at a stretch while a large frame is parsed off it is a
+    small part of what parsing it in place takes."""
     text = big_create(400_000)
-    started = time.perf_counter()
-    parse_client_event(text)
-    in_place = time.perf_counter() - started
+    in_place = _in_place_seconds(text)
 
     async def scenario() -> float:
         await parse_frame(big_create(60_000))  # the pool's processes start once
-        longest = 0.0
-        done = asyncio.Event()
-
-        async def tick() -> None:
-            nonlocal longest
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.001)
-                now = time.perf_counter()
-                longest = max(longest, now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        await asyncio.sleep(0.01)
-        await parse_frame(text)
-        done.set()
-        await ticker
+        _, longest = await _longest_stall(parse_frame(text))
         return longest
 
     longest = asyncio.run(scenario())
@@ -89,16 +71,19 @@ def test_other_sockets_keep_being_served_while_a_large_frame_is_parsed() -> None
 
 
 async def _longest_stall(work: Awaitable[T]) -> tuple[T, float]:
-    """`work`'s result, and the longest the event loop was held while it ran."""
+    """`work`'s result, and the most CPU time the event loop's thread spent between two of its
+    ticks while it ran: what a callback holding the loop (a frame parsed in place) takes from
+    the other sockets. The thread's own CPU time, not the wall clock: on a busy machine the
+    loop also waits its turn for a core, which is no stall of ours."""
     longest = 0.0
     done = asyncio.Event()
 
     async def tick() -> None:
         nonlocal longest
-        last = time.perf_counter()
+        last = time.thread_time()
         while not done.is_set():
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
+            now = time.thread_time()
             longest = max(longest, now - last)
             last = now
 
@@ -113,9 +98,10 @@ async def _longest_stall(work: Awaitable[T]) -> tuple[T, float]:
 
 
 def _in_place_seconds(text: str) -> float:
-    started = time.perf_counter()
+    """The CPU time parsing `text` on this thread takes."""
+    started = time.thread_time()
     parse_client_event(text)
-    return time.perf_counter() - started
+    return time.thread_time() - started
 
 
 @pytest.mark.parametrize("when", ["idle", "parsing"])
