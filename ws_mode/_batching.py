@@ -170,14 +170,16 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     #: change it (uvicorn takes the subclass's path as ``--ws``).
     deflate_threshold: int = DEFLATE_THRESHOLD
 
+    # Whether this connection's data frames are framed here (None: not decided yet; decided on
+    # the first send after the handshake, when the extensions are known), and the negotiated
+    # extension that compresses them. Set on the instance by _decide_framing.
+    _framing: bool | None = None
+    _deflate: PerMessageDeflate | None = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start with the real transport wrapped."""
         real = transport if isinstance(transport, BatchingTransport) else None
         wrapped = real or BatchingTransport(transport, self.loop)  # type: ignore[arg-type]
-        # Whether this connection's data frames are framed here, decided on the first send
-        # after the handshake, and the extension that compresses them.
-        self._framing: bool | None = None
-        self._deflate: PerMessageDeflate | None = None
         super().connection_made(wrapped)  # type: ignore[arg-type]
 
     async def send(self, message: ASGISendEvent) -> None:
@@ -203,19 +205,19 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             # Whatever uvicorn does then (ClientDisconnected, its errors, its frames).
             await super().send(message)
             return
+        if conn.writes:
+            # Anything websockets has queued goes first (uvicorn writes what websockets queues
+            # as soon as it is queued, so this is not expected).
+            self.transport.write(b"".join(conn.data_to_send()))
         data = message.get("bytes")
         if data is not None:
             text = False
         else:
             text_data = message.get("text")
             if text_data is None:
-                return  # uvicorn sends nothing either
+                return  # uvicorn sends no frame either
             data = text_data.encode()
             text = True
-        if conn.writes:
-            # Anything websockets has queued goes first (uvicorn writes what websockets queues
-            # as soon as it is queued, so this is not expected).
-            self.transport.write(b"".join(conn.data_to_send()))
         if conn.debug:
             # websockets' own log line for a frame it sends.
             conn.logger.debug("> %s", Frame(Opcode.TEXT if text else Opcode.BINARY, data))

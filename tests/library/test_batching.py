@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import logging
 import os
 import random
 import socket
@@ -15,14 +17,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import (
     PerMessageDeflate,
     ServerPerMessageDeflateFactory,
 )
-from websockets.frames import Frame
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
+from websockets.typing import ExtensionName
 
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
@@ -510,3 +514,146 @@ def _parse_frame(data: bytes, extension: PerMessageDeflate) -> Frame:
     assert not reader.buffer
     frame: Frame = stop.value.value
     return frame
+
+
+# The protocol driven by hand (no socket): the branches a real client does not reach.
+
+
+class _SocketlessTransport(RecordingTransport):
+    """A transport with no socket behind it, as uvicorn's protocol asks of one."""
+
+    def get_extra_info(self, name: str) -> None:  # type: ignore[override]
+        return None
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _accepted_protocol(offer: str) -> tuple[BatchingWebSocketProtocol, _SocketlessTransport]:
+    """A protocol whose app accepted a client that offered ``offer``; what it wrote so far is
+    cleared."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await receive()  # until the test ends the connection
+
+    config = Config(app, ws=BatchingWebSocketProtocol, log_config=None, ws_ping_interval=None)
+    config.load()
+    protocol = BatchingWebSocketProtocol(config, ServerState(), {}, asyncio.get_running_loop())
+    real = _SocketlessTransport()
+    protocol.connection_made(real)  # type: ignore[arg-type]
+    protocol.data_received(
+        (
+            "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            + (f"Sec-WebSocket-Extensions: {offer}\r\n" if offer else "")
+            + "\r\n"
+        ).encode()
+    )
+    for _ in range(100):
+        await _next_pass()
+        if protocol.handshake_complete:
+            break
+    await _next_pass()
+    assert real.calls[0][1].startswith(b"HTTP/1.1 101")
+    real.calls.clear()
+    return protocol, real
+
+
+def _written(real: RecordingTransport) -> bytes:
+    return b"".join(data for call, data in real.calls if call == "write")
+
+
+def _end(protocol: BatchingWebSocketProtocol) -> None:
+    protocol.connection_lost(None)
+
+
+def test_frames_websockets_queued_go_first_and_debug_logs_each_frame() -> None:
+    async def scenario() -> tuple[bytes, list[str]]:
+        protocol, real = await _accepted_protocol("")
+        protocol.conn.send_ping(b"queued")  # queued in websockets, not yet written
+        records: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+        logger = logging.getLogger("tests.batching.frames")
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        protocol.conn.logger, protocol.conn.debug = logger, True
+        await protocol.send({"type": "websocket.send", "text": "hello"})
+        await protocol.send({"type": "websocket.send"})  # neither text nor bytes: no frame
+        await _next_pass()
+        _end(protocol)
+        return _written(real), records
+
+    written, records = asyncio.run(scenario())
+    assert written == b"\x89\x06queued" + b"\x81\x05hello"
+    assert records == ["> TEXT 'hello' [5 bytes]"]
+
+
+def test_flow_control_holds_the_send_until_the_transport_resumes() -> None:
+    async def scenario() -> tuple[bool, bytes, bytes]:
+        protocol, real = await _accepted_protocol("")
+        protocol.pause_writing()
+        sending = asyncio.create_task(protocol.send({"type": "websocket.send", "bytes": b"hi"}))
+        for _ in range(3):
+            await _next_pass()
+        held, before = not sending.done(), _written(real)
+        protocol.resume_writing()
+        await sending
+        await _next_pass()
+        _end(protocol)
+        return held, before, _written(real)
+
+    held, before, after = asyncio.run(scenario())
+    assert held
+    assert before == b""
+    assert after == b"\x82\x02hi"
+
+
+def test_a_send_once_the_client_closed_is_uvicorns_client_disconnected() -> None:
+    from uvicorn.protocols.utils import ClientDisconnected
+
+    async def scenario() -> bytes:
+        protocol, real = await _accepted_protocol("permessage-deflate")
+        mask = b"\x01\x02\x03\x04"
+        code = bytes(byte ^ mask[index] for index, byte in enumerate(b"\x03\xe8"))
+        protocol.data_received(b"\x88\x82" + mask + code)  # the client's close, 1000
+        with pytest.raises(ClientDisconnected):
+            await protocol.send({"type": "websocket.send", "text": "x" * 1000})
+        await _next_pass()
+        _end(protocol)
+        return _written(real)
+
+    assert asyncio.run(scenario()) == b"\x88\x02\x03\xe8"  # uvicorn's close reply, only
+
+
+class _Shouting(Extension):
+    """An extension websockets applies to data frames (upper-casing them)."""
+
+    name = ExtensionName("x-shouting")
+
+    def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
+        return frame
+
+    def encode(self, frame: Frame) -> Frame:
+        if frame.opcode is Opcode.TEXT:
+            return dataclasses.replace(frame, data=bytes(frame.data).upper())
+        return frame
+
+
+def test_an_extension_other_than_deflate_leaves_the_framing_to_websockets() -> None:
+    async def scenario() -> bytes:
+        protocol, real = await _accepted_protocol("")
+        protocol.conn.extensions = [_Shouting()]
+        await protocol.send({"type": "websocket.send", "text": "quiet"})
+        await _next_pass()
+        _end(protocol)
+        return _written(real)
+
+    assert asyncio.run(scenario()) == b"\x81\x05QUIET"
