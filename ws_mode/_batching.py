@@ -13,6 +13,15 @@ transport's (it calls the protocol's ``pause_writing`` as before): past :data:`F
 what is kept is written at once, so an application sending a long burst without yielding meets
 the transport's high-water mark as it would have.
 
+The protocol also frames the application's messages itself (:func:`data_frame`): a server's
+frame is a 2-, 4- or 10-byte header and the payload, which costs a fraction of websockets'
+``ServerProtocol.send_text`` and ``data_to_send`` per frame. When the client negotiated
+permessage-deflate it compresses only messages of at least
+:attr:`BatchingWebSocketProtocol.deflate_threshold` bytes: a turn's many small deltas compress
+well with context takeover but cost most of deflate's CPU for a small share of the bytes, while
+its few large events (the response, finished items) carry most of the bytes
+(``python -m ws_mode.toolkit.benchmarks.deflate_threshold`` measures both per threshold).
+
 Public as :class:`ws_mode.server.BatchingWebSocketProtocol` (uvicorn's ``--ws
 ws_mode.server:BatchingWebSocketProtocol``); the servers ``ws-mode serve``, ``ws-mode proxy`` and
 the kit start use it by default. Needs uvicorn.
