@@ -129,8 +129,8 @@ def data_frame(
     A compressed message goes through the extension's own compressor, as websockets' would: a
     new one per message when the extension negotiated ``no_context_takeover`` for this side, else
     the one the connection keeps, so that every message it compressed is in the window the
-    peer's decompressor keeps. A message left uncompressed is in neither window (RFC 7692,
-    section 6.1), so skipping some keeps both sides in step.
+    peer's decompressor keeps. A message left uncompressed (RSV1 clear, which RFC 7692 allows
+    any sender) is in neither window, so skipping some keeps both sides in step.
     """
     first = _TEXT_FIN if text else _BINARY_FIN
     if deflate is not None and len(payload) >= threshold:
