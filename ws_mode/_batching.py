@@ -13,6 +13,15 @@ transport's (it calls the protocol's ``pause_writing`` as before): past :data:`F
 what is kept is written at once, so an application sending a long burst without yielding meets
 the transport's high-water mark as it would have.
 
+The protocol also frames the application's messages itself (:func:`data_frame`): a server's
+frame is a 2-, 4- or 10-byte header and the payload, which costs a fraction of websockets'
+``ServerProtocol.send_text`` and ``data_to_send`` per frame. When the client negotiated
+permessage-deflate it compresses only messages of at least
+:attr:`BatchingWebSocketProtocol.deflate_threshold` bytes: a turn's many small deltas compress
+well with context takeover but cost most of deflate's CPU for a small share of the bytes, while
+its few large events (the response, finished items) carry most of the bytes
+(``python -m ws_mode.toolkit.benchmarks.deflate_threshold`` measures both per threshold).
+
 Public as :class:`ws_mode.server.BatchingWebSocketProtocol` (uvicorn's ``--ws
 ws_mode.server:BatchingWebSocketProtocol``); the servers ``ws-mode serve``, ``ws-mode proxy`` and
 the kit start use it by default. Needs uvicorn.
@@ -21,12 +30,22 @@ the kit start use it by default. Needs uvicorn.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Final
+import struct
+import zlib
+from typing import TYPE_CHECKING, Any, Final
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.extensions.permessage_deflate import PerMessageDeflate
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGISendEvent
 
 #: The most bytes kept before they are written without waiting for the end of the pass.
 FLUSH_BYTES: Final = 64 * 1024
+#: The default :attr:`BatchingWebSocketProtocol.deflate_threshold`.
+DEFLATE_THRESHOLD: Final = 512
 
 
 class BatchingTransport:
@@ -99,11 +118,131 @@ class BatchingTransport:
         return getattr(self.transport, name)
 
 
+def data_frame(
+    payload: bytes, *, text: bool, deflate: PerMessageDeflate | None, threshold: int
+) -> bytes:
+    """One whole server-to-client data frame carrying ``payload``: FIN set, the text or binary
+    opcode, unmasked (RFC 6455 masks only what clients send), compressed with ``deflate`` (the
+    connection's negotiated permessage-deflate, RSV1 set) when it is given and ``payload`` has at
+    least ``threshold`` bytes, as it is otherwise.
+
+    A compressed message goes through the extension's own compressor, as websockets' would: a
+    new one per message when the extension negotiated ``no_context_takeover`` for this side, else
+    the one the connection keeps, so that every message it compressed is in the window the
+    peer's decompressor keeps. A message left uncompressed (RSV1 clear, which RFC 7692 allows
+    any sender) is in neither window, so skipping some keeps both sides in step.
+    """
+    first = _TEXT_FIN if text else _BINARY_FIN
+    if deflate is not None and len(payload) >= threshold:
+        if deflate.local_no_context_takeover:
+            encoder = zlib.compressobj(
+                wbits=-deflate.local_max_window_bits, **deflate.compress_settings
+            )
+        else:
+            encoder = deflate.encoder
+        compressed = encoder.compress(payload) + encoder.flush(zlib.Z_SYNC_FLUSH)
+        # A sync flush ends with the empty stored block 00 00 ff ff, which the peer appends
+        # itself (RFC 7692, section 7.2.1): it is not sent.
+        length = len(compressed) - 4
+        return b"".join((_header(first | _RSV1, length), memoryview(compressed)[:length]))
+    return _header(first, len(payload)) + payload
+
+
+def _header(first: int, length: int) -> bytes:
+    if length < 126:
+        return bytes((first, length))
+    if length < 65536:
+        return _HEADER_16.pack(first, 126, length)
+    return _HEADER_64.pack(first, 127, length)
+
+
+_TEXT_FIN: Final = 0x80 | int(Opcode.TEXT)
+_BINARY_FIN: Final = 0x80 | int(Opcode.BINARY)
+_RSV1: Final = 0x40
+_HEADER_16: Final = struct.Struct("!BBH")
+_HEADER_64: Final = struct.Struct("!BBQ")
+
+
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's ``websockets-sansio`` protocol writing through a :class:`BatchingTransport`."""
+    """uvicorn's ``websockets-sansio`` protocol writing through a :class:`BatchingTransport`,
+    and framing the application's messages itself.
+
+    A ``websocket.send`` on an open connection is framed here rather than by websockets'
+    ``ServerProtocol`` (a fraction of its CPU per frame), and compressed only when it has at least
+    :attr:`deflate_threshold` bytes; everything else (the handshake, pings, pongs, closes, a send
+    on a connection that is closing) is uvicorn's, unchanged.
+    """
+
+    #: The smallest message, in bytes (UTF-8 for text), compressed when the client negotiated
+    #: permessage-deflate; smaller ones go out as they are (RSV1 clear), which RFC 7692 allows
+    #: any sender. 0 compresses every message, as websockets does. Set it on a subclass to
+    #: change it (uvicorn takes the subclass's path as ``--ws``).
+    deflate_threshold: int = DEFLATE_THRESHOLD
+
+    # Whether this connection's data frames are framed here (None: not decided yet; decided on
+    # the first send after the handshake, when the extensions are known), and the negotiated
+    # extension that compresses them. Set on the instance by _decide_framing.
+    _framing: bool | None = None
+    _deflate: PerMessageDeflate | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start with the real transport wrapped."""
         real = transport if isinstance(transport, BatchingTransport) else None
         wrapped = real or BatchingTransport(transport, self.loop)  # type: ignore[arg-type]
         super().connection_made(wrapped)  # type: ignore[arg-type]
+
+    async def send(self, message: ASGISendEvent) -> None:
+        """Send ``message`` as uvicorn does; a data message on an open connection is framed
+        here, in one step."""
+        if message["type"] != "websocket.send":
+            await super().send(message)
+            return
+        # uvicorn's flow control, first, as in its own send: a paused transport holds the
+        # application here. Waiting on a set event does not yield, so the state read below is
+        # the state the frame is written in.
+        await self.writable.wait()
+        conn = self.conn
+        if (
+            self.disconnected
+            or not self.handshake_complete
+            or self.close_sent
+            or self.initial_response is not None
+            or conn.state is not State.OPEN
+            or conn.expect_continuation_frame
+            or not (self._framing or (self._framing is None and self._decide_framing()))
+        ):
+            # Whatever uvicorn does then (ClientDisconnected, its errors, its frames).
+            await super().send(message)
+            return
+        if conn.writes:
+            # Anything websockets has queued goes first (uvicorn writes what websockets queues
+            # as soon as it is queued, so this is not expected).
+            self.transport.write(b"".join(conn.data_to_send()))
+        data = message.get("bytes")
+        if data is not None:
+            text = False
+        else:
+            text_data = message.get("text")
+            if text_data is None:
+                return  # uvicorn sends no frame either
+            data = text_data.encode()
+            text = True
+        if conn.debug:
+            # websockets' own log line for a frame it sends.
+            conn.logger.debug("> %s", Frame(Opcode.TEXT if text else Opcode.BINARY, data))
+        self.transport.write(
+            data_frame(data, text=text, deflate=self._deflate, threshold=self.deflate_threshold)
+        )
+
+    def _decide_framing(self) -> bool:
+        """Whether data frames are framed here: with no extension, or permessage-deflate alone
+        (the one uvicorn offers); another would be websockets' to apply."""
+        extensions = self.conn.extensions
+        if not extensions:
+            self._framing = True
+        elif len(extensions) == 1 and isinstance(extensions[0], PerMessageDeflate):
+            self._framing = True
+            self._deflate = extensions[0]
+        else:
+            self._framing = False
+        return self._framing

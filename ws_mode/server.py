@@ -11,7 +11,8 @@ uvicorn's logging themselves).
 
 `BatchingWebSocketProtocol` is uvicorn's `websockets-sansio` WebSocket protocol with the frames
 of one pass of the event loop written in one system call instead of one each (a turn's burst of
-events): `uvicorn app:app --ws ws_mode.server:BatchingWebSocketProtocol`, or
+events), framing the application's messages itself and deflating only those of at least
+`deflate_threshold` bytes: `uvicorn app:app --ws ws_mode.server:BatchingWebSocketProtocol`, or
 `uvicorn.Config(app, ws=BatchingWebSocketProtocol)`. `ws-mode serve` and `ws-mode proxy` use it
 by default.
 

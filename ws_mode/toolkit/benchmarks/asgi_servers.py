@@ -12,10 +12,12 @@ repetitions::
     python -m ws_mode.toolkit.benchmarks.asgi_servers
     python -m ws_mode.toolkit.benchmarks.asgi_servers --servers uvicorn hypercorn --events 5000
 
-The servers: uvicorn with each of its WebSocket implementations (``websockets-sansio``, the one
-ws_mode's tools use, ``websockets`` and ``wsproto``), Hypercorn, Granian and Daphne, each one
-that is installed. A server that does not negotiate permessage-deflate measures the same with
-and without it. No number here is a goal: the report is for choosing a server.
+The servers: uvicorn with ws_mode's :class:`~ws_mode.server.BatchingWebSocketProtocol`
+(``uvicorn-batched``, the one ws_mode's servers use) and each of its own WebSocket implementations
+(``websockets-sansio``, which that protocol extends, ``websockets`` and ``wsproto``), Hypercorn,
+Granian and Daphne, each one that is installed. A server that does not negotiate
+permessage-deflate measures the same with and without it. No number here is a goal: the report
+is for choosing a server.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ _EVENTS_ENV: Final = "WS_MODE_ASGI_SERVERS_EVENTS"
 _APP: Final = "ws_mode.toolkit.benchmarks.asgi_servers:app"
 #: The servers compared, in the report's order.
 SERVERS: Final = (
+    "uvicorn-batched",
     "uvicorn-websockets-sansio",
     "uvicorn-websockets",
     "uvicorn-wsproto",
@@ -75,6 +78,11 @@ app = _BenchApp()
 def server_command(server: str, port: int) -> list[str]:
     """The command that serves :data:`app` with ``server`` on ``127.0.0.1:port``."""
     python = sys.executable
+    if server == "uvicorn-batched":
+        # ws_mode's own protocol (websockets-sansio writing a pass's frames at once), the one
+        # ws_mode's servers start by default.
+        ws = "ws_mode.server:BatchingWebSocketProtocol"
+        return [python, "-m", "uvicorn", _APP, "--port", str(port), "--ws", ws]
     if server.startswith("uvicorn-"):
         ws = server.removeprefix("uvicorn-")
         return [python, "-m", "uvicorn", _APP, "--port", str(port), "--ws", ws]

@@ -1,0 +1,28 @@
+"""`python -m ws_mode.toolkit.benchmarks.deflate_threshold`: a real chain's frames, every way."""
+
+from __future__ import annotations
+
+import pytest
+
+from ws_mode.toolkit.benchmarks.deflate_threshold import main, measure, record_chain
+
+
+def test_a_higher_threshold_compresses_fewer_messages_and_sends_more_bytes() -> None:
+    messages = record_chain("always", turns=3, tool_output_bytes=256)
+    assert len(messages) > 20
+    rows = {row.name: row for row in measure(messages, [0, 512, 1 << 30], repeat=1)}
+    everything, some, nothing = (rows[f"direct, threshold {t}"] for t in (0, 512, 1 << 30))
+    # measure() also checks that a websockets client reads every framing back.
+    assert everything.compressed == rows["websockets, deflate"].compressed == len(messages)
+    assert everything.wire_bytes == rows["websockets, deflate"].wire_bytes
+    assert 0 < some.compressed < len(messages)
+    assert nothing.compressed == 0
+    assert nothing.wire_bytes == rows["direct, no deflate"].wire_bytes
+    assert everything.wire_bytes < some.wire_bytes < nothing.wire_bytes
+
+
+def test_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--turns", "2", "--repeat", "1", "--thresholds", "0", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "direct, threshold 512" in out
+    assert "websockets, deflate" in out
