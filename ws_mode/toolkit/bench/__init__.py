@@ -28,7 +28,9 @@ What the ``ws-mode bench`` modes share:
 - :mod:`~ws_mode.toolkit.bench.control`: the measured processes, their CPU and the modelled link;
 - :mod:`~ws_mode.toolkit.bench.forward`: the event-forwarding microbenchmark;
 - :mod:`~ws_mode.toolkit.bench.turns`: the per-turn microbenchmark (ws_mode's own CPU per socket
-  turn, in-process).
+  turn, in-process);
+- :mod:`~ws_mode.toolkit.bench.in_process`: what the two microbenchmarks need to call the
+  middleware with no server (a socket's scope, the event loop).
 
 The load test, the store benchmark and ``--proxy`` run their server in a child process started
 as their own module with ``--serve``. This package imports none of its modules, so ``python -m``

@@ -20,7 +20,6 @@ import contextlib
 import math
 import secrets
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
@@ -32,6 +31,7 @@ from ws_mode._turn import Turn, turn
 from ws_mode.testing._client import FrameError, connect_async, decode_event
 
 from ..measure import median
+from .in_process import event_loop_runner, socket_scope
 
 __all__ = [
     "BARE_PATH",
@@ -280,17 +280,6 @@ class ForwardResult:
         return median(self.in_process_cache_aware_turn_cpu)
 
 
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
-    """``uvloop.run`` when uvloop is installed (uvicorn then serves on it too), else
-    ``asyncio.run``."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    run: Callable[[Coroutine[Any, Any, _T]], _T] = uvloop.run
-    return run
-
-
 async def _receive_stream(base_url: str, path: str, frames: int, compression: bool) -> float:
     """Open a socket, ask for one response, read ``frames`` frames; the seconds from sending
     the request to the last frame. The frames are counted, not decoded, but the last one."""
@@ -357,23 +346,6 @@ def run_forward(
     return result
 
 
-_SCOPE: dict[str, Any] = {
-    "type": "websocket",
-    "asgi": {"version": "3.0"},
-    "http_version": "1.1",
-    "scheme": "ws",
-    "path": FORWARD_PATH,
-    "raw_path": FORWARD_PATH.encode(),
-    "root_path": "",
-    "query_string": b"",
-    "headers": [(b"host", b"127.0.0.1")],
-    "client": ("127.0.0.1", 50000),
-    "server": ("127.0.0.1", 8000),
-    "subprotocols": [],
-    "extensions": {},
-}
-
-
 async def _one_stream_in_process(app: WebSocketModeMiddleware, events: int) -> float:
     """One response streamed through ``app`` to a stand-in server whose ``send`` does
     nothing; the CPU seconds it took."""
@@ -400,7 +372,7 @@ async def _one_stream_in_process(app: WebSocketModeMiddleware, events: int) -> f
                 done.set()
 
     started = time.process_time()
-    task = asyncio.create_task(app(dict(_SCOPE), receive, send))
+    task = asyncio.create_task(app(socket_scope(FORWARD_PATH), receive, send))
     await done.wait()
     elapsed = time.process_time() - started
     with contextlib.suppress(asyncio.CancelledError):
@@ -453,4 +425,4 @@ def forwarding_cost_in_process(
             costs.append(max(through - alone, 0.0) / events)
         return costs
 
-    return _event_loop_runner()(measure())
+    return event_loop_runner()(measure())

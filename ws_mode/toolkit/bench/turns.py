@@ -24,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ws_mode._middleware import WebSocketModeMiddleware
 
-from .forward import _event_loop_runner
+from .in_process import event_loop_runner, socket_scope
 
 __all__ = [
     "CHAIN_TURNS",
@@ -129,23 +129,6 @@ class TurnHandler:
         await send({"type": "http.response.body", "body": answer, "more_body": False})
 
 
-_SCOPE: Final[dict[str, Any]] = {
-    "type": "websocket",
-    "asgi": {"version": "3.0"},
-    "http_version": "1.1",
-    "scheme": "ws",
-    "path": TURN_PATH,
-    "raw_path": TURN_PATH.encode(),
-    "root_path": "",
-    "query_string": b"",
-    "headers": [(b"host", b"127.0.0.1")],
-    "client": ("127.0.0.1", 50000),
-    "server": ("127.0.0.1", 8000),
-    "subprotocols": [],
-    "extensions": {},
-}
-
-
 def _create(turn: int, previous: str | None, call_id: str) -> str:
     """The client's frame for `turn`: a fresh conversation every `CHAIN_TURNS` turns, else
     the tool's output continuing `previous`."""
@@ -185,7 +168,7 @@ async def drive_turns(app: WebSocketModeMiddleware, handler: TurnHandler, turns:
             ended[0].set_exception(TurnBenchError(f"a turn failed: {message['text'][:300]}"))
 
     incoming.put_nowait({"type": "websocket.connect"})
-    task = asyncio.create_task(app(dict(_SCOPE), receive, send))
+    task = asyncio.create_task(app(socket_scope(TURN_PATH), receive, send))
     previous: str | None = None
     started = time.process_time()
     try:
@@ -250,4 +233,4 @@ def turn_cost_in_process(
             costs.append(max(through - alone, 0.0) / turns)
         return costs
 
-    return _event_loop_runner()(measure())
+    return event_loop_runner()(measure())

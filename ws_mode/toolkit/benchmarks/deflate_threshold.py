@@ -47,25 +47,12 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from ..._batching import data_frame
+from ..bench.in_process import socket_scope
 
 __all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain"]
 
 #: The thresholds measured by default, in bytes.
 DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
-
-_SCOPE: Final[dict[str, Any]] = {
-    "type": "websocket",
-    "asgi": {"version": "3.0"},
-    "http_version": "1.1",
-    "scheme": "ws",
-    "root_path": "",
-    "query_string": b"",
-    "headers": [(b"host", b"127.0.0.1")],
-    "client": ("127.0.0.1", 50000),
-    "server": ("127.0.0.1", 8000),
-    "subprotocols": [],
-    "extensions": {},
-}
 
 
 async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list[str]:
@@ -96,7 +83,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
         if event["type"] in ("response.completed", "response.failed", "error"):
             turn_done.put_nowait(event)
 
-    scope = {**_SCOPE, "path": load.SOCKET_PATH, "raw_path": load.SOCKET_PATH.encode()}
+    scope = socket_scope(load.SOCKET_PATH)
     incoming.put_nowait({"type": "websocket.connect"})
 
     async def serve() -> None:

@@ -1,0 +1,44 @@
+"""The middleware driven in-process, with no server and no socket, for the microbenchmarks
+that call it directly (:mod:`.forward`, :mod:`.turns`, the deflate-threshold recording): the
+scope of a WebSocket connection as a server would hand it over, and the event loop uvicorn
+would serve it on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["event_loop_runner", "socket_scope"]
+
+_T = TypeVar("_T")
+
+
+def event_loop_runner() -> Callable[[Coroutine[Any, Any, _T]], _T]:
+    """``uvloop.run`` when uvloop is installed (uvicorn then serves on it too), else
+    ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    run: Callable[[Coroutine[Any, Any, _T]], _T] = uvloop.run
+    return run
+
+
+def socket_scope(path: str) -> dict[str, Any]:
+    """A fresh ASGI ``websocket`` scope for a connection to ``path`` on loopback."""
+    return {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "scheme": "ws",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "subprotocols": [],
+        "extensions": {},
+    }
