@@ -13,6 +13,7 @@ command and its tools, built on the library and never imported by it.
 from ._auth import AuthenticationFailed, Authenticator, PrincipalKey, bearer_token
 from ._cache import CachedResponse
 from ._errors import ConfigError, WSModeError
+from ._gc import GC_THRESHOLD, tune_gc
 from ._limits import Limits
 from ._middleware import WebSocketModeMiddleware, find_middlewares
 from ._settings import FullContext, HandshakeHeaders, ResponseHook
@@ -22,6 +23,7 @@ from ._tokens import Renderer, Tokens
 from ._turn import Turn, turn
 
 __all__ = [
+    "GC_THRESHOLD",
     "AuthenticationFailed",
     "Authenticator",
     "CachedResponse",
@@ -44,6 +46,7 @@ __all__ = [
     "__version__",
     "bearer_token",
     "find_middlewares",
+    "tune_gc",
     "turn",
 ]
 

@@ -17,57 +17,30 @@ events), framing the application's messages itself and deflating only those of a
 by default.
 
 `Server` also makes Python's garbage collector cheaper for a server holding many sockets
-(`tune_gc`): under 1,000 sockets a quarter of the process's CPU went to full collections that
-walked every socket's state again and again.
+(`ws_mode.tune_gc`, which needs no uvicorn: call it under any server).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 from collections.abc import Sequence
-from typing import Final
 
 import uvicorn
 
 from . import _logs as logs
 from ._batching import BatchingWebSocketProtocol
+from ._gc import GC_THRESHOLD, tune_gc
 from ._logs import RefusalLineFilter, show_on_stderr
 from ._middleware import WebSocketModeMiddleware, find_middlewares
 
 __all__ = [
-    "GC_THRESHOLD",
     "BatchingWebSocketProtocol",
     "RefusalLineFilter",
     "Server",
     "find_middlewares",
     "show_on_stderr",
-    "tune_gc",
 ]
-
-#: The first generation's threshold `Server` gives Python's garbage collector: allocations
-#: (less deallocations) between two young collections, against Python's 700.
-GC_THRESHOLD: Final = 50_000
-
-
-def tune_gc(threshold: int = GC_THRESHOLD) -> None:
-    """Make Python's cyclic garbage collector cheaper for a long-running server.
-
-    Everything alive now (the modules, the app) is moved out of the collector's sight
-    (`gc.freeze()`: it lives as long as the process anyway), and young collections run every
-    `threshold` allocations instead of every 700, so the objects of a turn are mostly freed by
-    reference counting before a collection sees them, and fewer survive into the old
-    generation, whose collections walk every live object (each socket's state, its cache).
-    Reference counting still frees everything else at once; only cyclic garbage waits longer.
-    Call it once the app is built, before serving; `Server` does at startup.
-    """
-    if threshold < 1:
-        raise ValueError(f"the threshold must be at least 1, got {threshold}")
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(threshold, middle, old)
 
 
 class Server(uvicorn.Server):

@@ -25,8 +25,8 @@ from starlette.routing import Mount, Route
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ws_mode import Limits, WebSocketModeMiddleware, find_middlewares
-from ws_mode.server import GC_THRESHOLD, RefusalLineFilter, Server, tune_gc
+from ws_mode import GC_THRESHOLD, Limits, WebSocketModeMiddleware, find_middlewares, tune_gc
+from ws_mode.server import RefusalLineFilter, Server
 from ws_mode.testing._loopback import bind_loopback
 
 #: A bound on what must not hang (never a speed).
@@ -263,3 +263,19 @@ def test_a_threshold_below_one_is_refused(threshold: int) -> None:
         Server(config(Starlette()), [], gc_threshold=threshold)
     with pytest.raises(ValueError, match="at least 1"):
         tune_gc(threshold)
+
+
+def test_tune_gc_needs_no_uvicorn() -> None:
+    """Under Hypercorn, Daphne or granian the application calls it itself: `ws_mode` offers it
+    with no server package installed."""
+    code = (
+        "import gc, sys\n"
+        "sys.modules['uvicorn'] = None\n"
+        "import ws_mode\n"
+        "ws_mode.tune_gc(4321)\n"
+        "print(gc.get_threshold()[0], gc.get_freeze_count() > 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["4321", "True"]

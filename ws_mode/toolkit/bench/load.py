@@ -66,10 +66,10 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ws_mode._cache import NODE_OVERHEAD
+from ws_mode._gc import GC_THRESHOLD, tune_gc
 from ws_mode._limits import Limits
 from ws_mode._middleware import WebSocketModeMiddleware
 from ws_mode._sse import SSEDecoder
-from ws_mode.server import GC_THRESHOLD, tune_gc
 from ws_mode.testing._loopback import (
     WS_IMPLEMENTATIONS,
     ServerProcess,
@@ -194,7 +194,7 @@ class LoadOptions:
     rounds: int = 1
     #: The server's uvicorn WebSocket implementation, as ``ws-mode serve --ws`` names it.
     ws: str = "batched"
-    #: The server's garbage collector, as ``ws-mode serve`` sets it (``ws_mode.server.tune_gc``
+    #: The server's garbage collector, as ``ws-mode serve`` sets it (``ws_mode.tune_gc``
     #: with this threshold); 0 leaves Python's as it is.
     gc_threshold: int = GC_THRESHOLD
 
@@ -1249,7 +1249,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.gc_threshold,
         metavar="N",
         help="the server's garbage collector as ws-mode serve sets it: young collections every "
-        "N allocations, what is alive at start frozen (ws_mode.server.tune_gc); 0 leaves "
+        "N allocations, what is alive at start frozen (ws_mode.tune_gc); 0 leaves "
         "Python's collector as it is (default: %(default)s)",
     )
     parser.add_argument(
