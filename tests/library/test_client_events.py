@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import orjson
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 from openai.types.responses.response_steer_failed_event import ResponseSteerFailedEvent
 from openai.types.responses.responses_server_event import ResponseWsError
 
+from tests.fresh_python import fresh_output
 from ws_mode._client_events import (
     CreateEvent,
     ProcessedEvent,
@@ -605,7 +604,4 @@ def test_the_core_and_the_proxy_need_no_pydantic() -> None:
         "except ProtocolError as error:\n"
         "    print(error.code, error.param)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.split() == ["invalid_type", "generate"]
+    assert fresh_output(code) == ["invalid_type", "generate"]

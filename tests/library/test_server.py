@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +23,7 @@ from starlette.routing import Mount, Route
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.fresh_python import fresh_output
 from ws_mode import GC_THRESHOLD, Limits, WebSocketModeMiddleware, find_middlewares, tune_gc
 from ws_mode.server import RefusalLineFilter, Server
 from ws_mode.testing._loopback import bind_loopback
@@ -232,28 +231,14 @@ asyncio.run(main())
 @pytest.mark.parametrize(("threshold", "expected"), [("default", 50_000), ("1234", 1234)])
 def test_a_started_server_makes_the_collector_cheaper(threshold: str, expected: int) -> None:
     argument = str(GC_THRESHOLD) if threshold == "default" else threshold
-    done = subprocess.run(
-        [sys.executable, "-c", GC_PROBE, argument],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    first, frozen, freed = done.stdout.split()
+    first, frozen, freed = fresh_output(GC_PROBE, argument)
     assert int(first) == expected
     assert int(frozen) > 1000  # the modules and the app, out of the collections' walk
     assert freed == "True"  # cyclic garbage is still collected
 
 
 def test_gc_threshold_none_leaves_the_collector_alone() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", GC_PROBE, "none"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    first, frozen, freed = done.stdout.split()
+    first, frozen, freed = fresh_output(GC_PROBE, "none")
     assert (int(first), int(frozen), freed) == (700, 0, "True")
 
 
@@ -275,7 +260,4 @@ def test_tune_gc_needs_no_uvicorn() -> None:
         "ws_mode.tune_gc(4321)\n"
         "print(gc.get_threshold()[0], gc.get_freeze_count() > 0)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.split() == ["4321", "True"]
+    assert fresh_output(code) == ["4321", "True"]

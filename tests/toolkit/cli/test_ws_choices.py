@@ -3,9 +3,7 @@ what the proxy leaves unimported."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from tests.fresh_python import fresh_output
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.server import BatchingWebSocketProtocol
 from ws_mode.toolkit.cli.common import WS_IMPLEMENTATIONS
@@ -37,7 +35,4 @@ def test_the_proxy_imports_its_servers_without_what_it_never_runs() -> None:
         "loaded = [m for m in ('rich', 'pygments', 'watchfiles') if sys.modules.get(m)]\n"
         "print(loaded, ChangeReload.__name__)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.split() == ["[]", "StatReload"]
+    assert fresh_output(code) == ["[]", "StatReload"]
