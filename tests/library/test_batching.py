@@ -20,7 +20,6 @@ import pytest
 from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import (
     PerMessageDeflate,
-    ServerPerMessageDeflateFactory,
 )
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
@@ -33,6 +32,7 @@ from ws_mode import WebSocketModeMiddleware
 from ws_mode._batching import FLUSH_BYTES, BatchingTransport, data_frame
 from ws_mode.server import BatchingWebSocketProtocol
 from ws_mode.testing._client import connect
+from ws_mode.toolkit.benchmarks.deflate_threshold import uvicorn_deflate
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 
@@ -440,15 +440,7 @@ def test_nothing_is_compressed_when_deflate_is_not_negotiated() -> None:
 def _negotiated(offer: str) -> ServerProtocol:
     """A websockets server after the handshake, with uvicorn's permessage-deflate settings, the
     client having offered ``offer`` ('' for no extension)."""
-    server = ServerProtocol(
-        extensions=[
-            ServerPerMessageDeflateFactory(
-                server_max_window_bits=12,
-                client_max_window_bits=12,
-                compress_settings={"memLevel": 5},
-            )
-        ]
-    )
+    server = ServerProtocol(extensions=[uvicorn_deflate()])
     headers = (
         "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"

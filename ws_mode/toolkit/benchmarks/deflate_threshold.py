@@ -49,7 +49,7 @@ from websockets.uri import parse_uri
 from ..._batching import data_frame
 from ..bench.in_process import socket_scope
 
-__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain"]
+__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain", "uvicorn_deflate"]
 
 #: The thresholds measured by default, in bytes.
 DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
@@ -129,18 +129,20 @@ def record_chain(full_context: str, turns: int, tool_output_bytes: int) -> list[
     return [text.encode() for text in texts]
 
 
+def uvicorn_deflate() -> ServerPerMessageDeflateFactory:
+    """The permessage-deflate uvicorn's websockets-sansio protocol (and so
+    ``BatchingWebSocketProtocol``) offers: 12-bit windows both ways, ``memLevel`` 5."""
+    return ServerPerMessageDeflateFactory(
+        server_max_window_bits=12,
+        client_max_window_bits=12,
+        compress_settings={"memLevel": 5},
+    )
+
+
 def _negotiated() -> tuple[ServerProtocol, ClientProtocol]:
     """A server and a client after the opening handshake, permessage-deflate negotiated as
     uvicorn's websockets-sansio protocol and a default websockets client negotiate it."""
-    server = ServerProtocol(
-        extensions=[
-            ServerPerMessageDeflateFactory(
-                server_max_window_bits=12,
-                client_max_window_bits=12,
-                compress_settings={"memLevel": 5},
-            )
-        ]
-    )
+    server = ServerProtocol(extensions=[uvicorn_deflate()])
     client = ClientProtocol(
         parse_uri("ws://127.0.0.1/v1/responses"),
         extensions=[ClientPerMessageDeflateFactory(client_max_window_bits=True)],
