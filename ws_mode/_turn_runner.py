@@ -7,7 +7,9 @@ flight when the response ended, and a finished one is cached before the client h
 runner also answers `generate: false` warm-ups, starts the work that follows a response
 (rendering its output, the `on_response` hook) off the next turn's path, and is the one caller
 of the connection's steering (`ws_mode._steering`): it answers steers, and runs the successor
-turns steering input calls for.
+turns steering input calls for. It answers `response.interrupt` too: the running response it
+names ends at once (`ResponseStream.interrupt`), its handler call is stopped, and its pending
+steering input is returned.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import logging
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +29,20 @@ from cachetools import LRUCache
 from ._after_response import AfterResponses
 from ._asgi import Scope
 from ._cache import CachedResponse, ResponseCache
-from ._client_events import CreateEvent, SteerEvent, may_store
+from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
 from ._observe import ConnectionRecord, TurnRecord
 from ._persistence import StoreLink, StoreUnavailable
-from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
+from ._protocol import (
+    encode_event,
+    error_event,
+    not_found,
+    quoted_id,
+    server_error,
+    store_unavailable,
+)
 from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
@@ -44,6 +54,18 @@ logger = logging.getLogger(__name__)
 
 # How many distinct tool sets keep their handler-made artifacts per connection.
 TOOL_SETS = 64
+#: How many ids of the connection's latest ended responses are kept, so that an interrupt of
+#: one no longer cached (failed, too large, evicted) is told it ended, not that it is unknown.
+ENDED_IDS = 64
+
+#: The message of each `response.interrupt.failed` code.
+INTERRUPT_MESSAGES = {
+    "response_not_found": "Response with id '{id}' is not running on this connection.",
+    "response_already_completed": "Response with id '{id}' has already ended; there is nothing "
+    "to interrupt (continue it with response.create).",
+    "interrupt_not_supported": "Interrupting responses is switched off on this server; the "
+    "response runs to its end.",
+}
 
 
 class TurnRunner:
@@ -93,6 +115,8 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
+        #: The ids of the latest responses that ended (`ENDED_IDS` at most).
+        self._ended: deque[str] = deque(maxlen=ENDED_IDS)
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -141,6 +165,26 @@ class TurnRunner:
             return result
         assert active is not None  # accepted: the response is streaming
         return accepted_event(result, lane, active.next_sequence_number())
+
+    def interrupt(self, interrupt: InterruptEvent) -> dict[str, Any] | None:
+        """Answer a `response.interrupt`: None once the response it names, streaming now on
+        any lane, is interrupted (its turn sends the acceptance, stops the handler and ends the
+        response: `ResponseStream.interrupt`); else the `response.interrupt.failed` to send.
+        Whichever comes first, the response's end or the interrupt, is what the client sees."""
+        target = interrupt.response_id
+        active = next((s for s in self.streams if s.response_id == target and not s.finished), None)
+        if active is not None and self.settings.interrupts:
+            active.interrupt()
+            return None
+        node = self.cache.get(target) if active is None else None
+        lane = active.stream_id if active is not None else node.stream_id if node else None
+        if not self.settings.interrupts:
+            code = "interrupt_not_supported"
+        elif node is not None or target in self._ended:
+            code = "response_already_completed"
+        else:
+            code = "response_not_found"
+        return interrupt_failed_event(code, target, lane)
 
     async def close(self) -> None:
         """The connection ended: give the work after its responses its grace period; what
@@ -253,13 +297,16 @@ class TurnRunner:
         """Call the handler and see its response to the end (cached, or failed)."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
-        call = asyncio.create_task(
-            HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
-        )
+        handler = HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered)
+        call = asyncio.create_task(handler.run())
         try:
             await self._until_finished(stream, call)
+            if stream.interruption is not None:
+                await self._interrupted(stream.interruption, handler, call)
         finally:
             self.streams.discard(stream)
+            if stream.response_id is not None:
+                self._ended.append(stream.response_id)
             if stream.finished:
                 elapsed = time.perf_counter() - started
                 self.stats.turn_finished(elapsed, failed=stream.failure is not None)
@@ -267,13 +314,12 @@ class TurnRunner:
                     self.stats.error(stream.failure)
         if not call.done():
             if stream.steered:
-                call.cancel()  # what the handler would still say was cut off for steering
-                await asyncio.gather(call, return_exceptions=True)
+                await handler.stop(call)  # what it would still say was cut off for steering
             else:
                 # The client has its terminal event; what the handler still does (a background
                 # task, logging) goes on without holding up the lane.
                 self.after.track(call)
-        else:
+        elif not call.cancelled():  # stopped for an interrupt: nothing to read
             try:
                 call.result()
             except ClientGone:
@@ -290,7 +336,22 @@ class TurnRunner:
             stream.response_id,
             stream.output,
             stream.next_sequence_number(),
+            interrupted=stream.interruption is not None,
         )
+
+    async def _interrupted(
+        self, frames: list[str], handler: HandlerCall, call: asyncio.Task[None]
+    ) -> None:
+        """Tell the client its interrupt is accepted, stop the handler, then send the rest of
+        the interrupted response's end (`ResponseStream.interrupt`): the lane's next request
+        starts after it, with the handler (through the proxy, its upstream request) gone."""
+        send = self.socket.send_text
+        try:
+            await send(frames[0])
+        finally:
+            await handler.stop(call)
+        for frame in frames[1:]:
+            await send(frame)
 
     def _note(self, record: TurnRecord, stream: ResponseStream) -> None:
         """Put in `record` how the turn's response ended and what it sent."""
@@ -464,6 +525,27 @@ class TurnRunner:
             # Started now, before the terminal event goes out; the process owns the write,
             # so the connection closing never cancels it.
             self.store.write(node)
+
+
+def interrupt_failed_event(code: str, response_id: str, lane: str | None) -> dict[str, Any]:
+    """`response.interrupt.failed` (status 400): nothing was interrupted; on the response's
+    lane when it is known."""
+    message = INTERRUPT_MESSAGES[code].format(id=quoted_id(response_id))
+    event: dict[str, Any] = {
+        "type": "response.interrupt.failed",
+        "sequence_number": 0,
+        "status": 400,
+        "response_id": response_id,
+        "error": {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "param": "response_id",
+        },
+    }
+    if lane is not None:
+        event["stream_id"] = lane
+    return event
 
 
 @dataclass(slots=True, eq=False)
