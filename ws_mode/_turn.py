@@ -235,7 +235,7 @@ def body_cost(
     previous: CachedResponse | None = None,
     *,
     full_context: bool = False,
-    new_fragment: bytes = b"",
+    new_items: Items | None = None,
 ) -> int:
     """What a handler call holds of its request body while it runs (reserved in the memory
     budget from the build until the call ends): the body as bytes `BODY_COPIES` times (ws_mode's,
@@ -244,13 +244,20 @@ def body_cost(
     tiny items held 10.9 times the body (13.7 estimated), 100-character messages 5.4 times
     (5.6 estimated).
 
-    A full-context body's history is counted from its cached nodes
-    (`CachedResponse.context_decoded`): only the fields and the new items are scanned."""
-    if previous is None or not full_context:
-        return BODY_COPIES * len(body) + decoded_size(body)
-    # `with_input`'s layout: the fields, the history, then the new items and `]}`.
-    head = max(0, len(body) - previous.context_bytes - len(new_fragment) - 2)
+    Only the fields are scanned: a full-context body's history is counted from its cached
+    nodes (`CachedResponse.context_decoded`), and the new items (`new_items`, the create's) by
+    the helper process that parsed a large frame (`Items.decoded_estimate`), else here."""
+    history = previous if previous is not None and full_context else None
+    new = new_items.fragment if new_items is not None else b""
+    # The layout `build_body` and `with_input` give: the fields, the history, the new items
+    # (a string input is among the fields, about as long as its one item), then `]}`.
+    head = len(body) - len(new) - 2 - (history.context_bytes if history is not None else 0)
+    head = max(0, head)
     separators = body.count(b",", 0, head) + body.count(b":", 0, head)
     decoded = head + VALUE_OVERHEAD * (separators + 1)
-    decoded += previous.context_decoded + decoded_size(new_fragment)
+    if history is not None:
+        decoded += history.context_decoded
+    if new_items is not None:
+        estimate = new_items.decoded_estimate
+        decoded += estimate if estimate is not None else decoded_size(new)
     return BODY_COPIES * len(body) + decoded

@@ -228,9 +228,7 @@ class TurnRunner:
             return None
         # What the handler call holds of its body, and of a hydrated chain no cache holds, is
         # reserved until the call ends (`_run_handler`); refused, the turn is not run.
-        held = body_cost(
-            body, previous, full_context=current.full_context, new_fragment=new_fragment
-        )
+        held = body_cost(body, previous, full_context=current.full_context, new_items=create.items)
         if previous is not None and previous.holders == 0:
             held += previous.chain_size
         if not self.settings.budget.reserve(held):
