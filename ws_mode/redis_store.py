@@ -260,11 +260,12 @@ class RedisStore:
         wait_replicas: int = 0,
     ) -> None:
         try:
-            from ._redis_clients import open_client
+            from ._redis_clients import open_client, url_kind
         except ImportError as error:  # pragma: no cover - the extra is not installed
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
+        _check_replicas(wait_replicas, url_kind(url))  # before a client is made
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         endpoint = open_client(
@@ -342,12 +343,7 @@ class RedisStore:
     ) -> None:
         from ._redis_clients import ERRORS
 
-        if wait_replicas < 0:
-            raise ValueError("wait_replicas must be 0 or more")
-        if wait_replicas and kind == "cluster":
-            # A cluster pipeline sends WAIT (which names no key) to a node of its choosing,
-            # not down the connection that wrote.
-            raise ValueError("wait_replicas is for one Redis or a Sentinel's master, not a cluster")
+        _check_replicas(wait_replicas, kind)
 
         self.client = client
         #: What the store reaches: "redis" (one Redis), "cluster" or "sentinel".
@@ -693,3 +689,12 @@ class RedisStore:
 def _check_bounds(ttl_seconds: float, timeout: float, write_timeout: float) -> None:
     if ttl_seconds <= 0 or timeout <= 0 or write_timeout <= 0:
         raise ValueError("ttl_seconds, timeout and write_timeout must be positive")
+
+
+def _check_replicas(wait_replicas: int, kind: Kind) -> None:
+    if wait_replicas < 0:
+        raise ValueError("wait_replicas must be 0 or more")
+    if wait_replicas and kind == "cluster":
+        # A cluster pipeline sends WAIT (which names no key) to a node of its choosing, not
+        # down the connection that wrote.
+        raise ValueError("wait_replicas is for one Redis or a Sentinel's master, not a cluster")

@@ -291,3 +291,23 @@ def _names_another(servers: SentinelServers, old: RedisServer) -> bool:
         return servers.current_master() is not old
     except Exception:  # the Sentinel names the dead master's port for a while
         return False
+
+
+async def test_with_wait_replicas_a_write_and_a_delete_are_on_the_replica_when_they_return(
+    sentinel: SentinelServers,
+) -> None:
+    store = RedisStore(sentinel.url, prefix="waited", timeout=5.0, wait_replicas=1)
+    try:
+        a = stored_record("a")
+        await store.put("alice", a)
+        with sentinel.replicas[0].client() as replica:
+            assert replica.exists(store.index_key("alice", "a"))  # no wait: WAIT said so
+            assert await store.delete("alice", "a") is True
+            assert not replica.exists(store.index_key("alice", "a"))
+        assert await store.delete("alice", "a") is False
+        with pytest.raises(ValueError, match="0 or more"):
+            RedisStore(sentinel.url, wait_replicas=-1)
+        with pytest.raises(ValueError, match="not a cluster"):
+            RedisStore("redis+cluster://127.0.0.1:7000", wait_replicas=1)
+    finally:
+        await store.aclose()
