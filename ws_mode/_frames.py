@@ -140,6 +140,11 @@ class _Helper:
         )
         self._to: IO[bytes] = self.process.stdin  # type: ignore[assignment]
         self._from: IO[bytes] = self.process.stdout  # type: ignore[assignment]
+        # Reaped as soon as it ends, busy or idle (an OOM kill): otherwise an idle helper that
+        # died stays a zombie until the next large frame finds it dead.
+        threading.Thread(
+            target=self.process.wait, name="ws_mode-helper-reaper", daemon=True
+        ).start()
 
     def request(self, request: bytes) -> tuple[str, Any]:
         _write(self._to, request)
