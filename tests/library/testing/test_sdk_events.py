@@ -97,3 +97,26 @@ def test_function_call_arguments_done_needs_no_name() -> None:
     require_sdk_fields("event 3", event)
     model = server_event.ResponseFunctionCallArgumentsWsDone
     assert model.model_validate(event).arguments == "{}"
+
+
+def _generated_turn() -> list[dict[str, Any]]:
+    response = _sample("response.created")["response"] | {"object": "response", "id": "resp_1"}
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
+    completed = {**response, "status": "completed", "output": [item]}
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": response},
+        {"type": "response.completed", "sequence_number": 1, "response": completed},
+    ]
+
+
+@pytest.mark.parametrize("generate", [None, True])
+def test_a_create_with_generate_null_or_true_is_checked_as_a_generated_turn(
+    generate: bool | None,
+) -> None:
+    # The SDKs type `generate` as an optional boolean: null generates, as absent does.
+    from ws_mode.testing._conformance import ConformanceOptions, Probe
+
+    request = {"type": "response.create", "input": "Hi", "generate": generate}
+    with Probe("http://127.0.0.1:1", ConformanceOptions()) as probe:
+        turn = probe.checked(request, _generated_turn())
+    assert turn.response is not None and turn.response["status"] == "completed"
