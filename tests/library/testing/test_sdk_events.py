@@ -119,4 +119,5 @@ def test_a_create_with_generate_null_or_true_is_checked_as_a_generated_turn(
     request = {"type": "response.create", "input": "Hi", "generate": generate}
     with Probe("http://127.0.0.1:1", ConformanceOptions()) as probe:
         turn = probe.checked(request, _generated_turn())
-    assert turn.response is not None and turn.response["status"] == "completed"
+    assert turn.response is not None
+    assert turn.response["status"] == "completed"
