@@ -58,6 +58,7 @@ class CachedResponse:
         "chain_id",
         "chain_size",
         "context_bytes",
+        "context_decoded",
         "declared_tools",
         "depth",
         "holders",
@@ -133,14 +134,22 @@ class CachedResponse:
         # What the node keeps: its items encoded and decoded, and the response object (which
         # holds the output items); `size` is the response's decoded size when the caller
         # measured it from its encoding.
+        input_decoded = decoded_size(self.input_fragment)
+        output_decoded = decoded_size(self.output_fragment)
         if size is None:
-            size = decoded_size(self.output_fragment)
+            size = output_decoded
         self.size = (
             NODE_OVERHEAD
             + len(self.input_fragment)
-            + decoded_size(self.input_fragment)
+            + input_decoded
             + len(self.output_fragment)
             + size
+        )
+        #: What the whole context costs decoded (`decoded_size`, summed along the chain): what
+        #: a handler decoding a full-context request body holds of its history, known without
+        #: scanning the history again each turn.
+        self.context_decoded: int = (
+            (parent.context_decoded if parent is not None else 0) + input_decoded + output_decoded
         )
         #: What caching this response holds at the least: it and every ancestor.
         self.chain_size: int = self.size + (parent.chain_size if parent is not None else 0)

@@ -126,6 +126,8 @@ def _parse_encoded(text: str) -> ClientEvent:
         # Nested too deeply to encode: sent back decoded, the turn refuses it as any frame.
         with contextlib.suppress(orjson.JSONEncodeError):
             event.items = event.items.encoded_only()
+            # Counted here, off the event loop: what a handler's body decoded costs.
+            event.items.decoded_estimate = decoded_size(event.items.fragment)
     return event
 
 

@@ -30,7 +30,7 @@ def encode_items(items: list[dict[str, Any]]) -> bytes:
 class Items:
     """A list of items, given decoded (`list`) or encoded (`fragment`, an array's contents)."""
 
-    __slots__ = ("_fragment", "_list")
+    __slots__ = ("_fragment", "_list", "decoded_estimate")
 
     def __init__(
         self, items: list[dict[str, Any]] | None = None, *, fragment: bytes | None = None
@@ -39,6 +39,10 @@ class Items:
             items = []
         self._list = items
         self._fragment = fragment
+        #: What the items cost decoded (`ws_mode._cache.decoded_size` of the fragment), when
+        #: it was counted where the frame was parsed (a helper process), so the event loop
+        #: need not scan a large fragment again.
+        self.decoded_estimate: int | None = None
 
     @property
     def list(self) -> list[dict[str, Any]]:

@@ -155,14 +155,15 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
 MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
 
 
-def memory_budget_message(what: str, *, upgrade: bool = False) -> str:
+def memory_budget_message(what: str, *, upgrade: bool = False, then: str | None = None) -> str:
     """Why `what` was refused: the process's memory budget is exhausted; what the client may
-    do (a refused upgrade falls back to HTTP)."""
-    then = (
-        "Use the HTTP API or retry later."
-        if upgrade
-        else "This connection and its responses are kept: retry shortly."
-    )
+    do (a refused upgrade falls back to HTTP; `then` says it otherwise)."""
+    if then is None:
+        then = (
+            "Use the HTTP API or retry later."
+            if upgrade
+            else "This connection and its responses are kept: retry shortly."
+        )
     return (
         "The server cannot hold more work now (its memory budget, Limits.max_memory_bytes, is "
         f"exhausted); {what} was refused. {then}"

@@ -25,6 +25,7 @@ from cachetools import LRUCache
 
 from ._after_response import AfterResponses
 from ._asgi import Scope
+from ._budget import MemoryBudget
 from ._cache import CachedResponse, ResponseCache
 from ._client_events import CreateEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
@@ -32,13 +33,20 @@ from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
 from ._observe import ConnectionRecord, TurnRecord
 from ._persistence import StoreLink, StoreUnavailable
-from ._protocol import encode_event, error_event, not_found, server_error, store_unavailable
+from ._protocol import (
+    encode_event,
+    error_event,
+    memory_budget_exceeded,
+    not_found,
+    server_error,
+    store_unavailable,
+)
 from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
 from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
-from ._turn import Turn, build_body, turn_tools_digest
+from ._turn import Turn, body_cost, build_body, turn_tools_digest
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +226,14 @@ class TurnRunner:
             record.warm_up = True
             await self._warm_up(create, current, new_fragment, record)
             return None
+        # What the handler call holds of its body, and of a hydrated chain no cache holds, is
+        # reserved until the call ends (`_run_handler`); refused, the turn is not run.
+        held = body_cost(body, previous, full_context=current.full_context, new_items=create.items)
+        if previous is not None and previous.holders == 0:
+            held += previous.chain_size
+        if not self.settings.budget.reserve(held):
+            await self._refuse(record, memory_budget_exceeded("this request", create.stream_id))
+            return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
         stream = ResponseStream(
@@ -238,7 +254,7 @@ class TurnRunner:
             extension=current,
         )
         try:
-            return await self._run_handler(stream, scope, body, started, inbox)
+            return await self._run_handler(stream, scope, body, started, inbox, held)
         finally:
             self._note(record, stream)
 
@@ -249,13 +265,16 @@ class TurnRunner:
         body: bytes,
         started: float,
         inbox: SteerInbox | None,
+        held: int,
     ) -> Outcome:
-        """Call the handler and see its response to the end (cached, or failed)."""
+        """Call the handler and see its response to the end (cached, or failed). `held`,
+        reserved in the memory budget, is given back when the call ends, whenever that is."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
         call = asyncio.create_task(
             HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
         )
+        call.add_done_callback(functools.partial(_give_back, self.settings.budget, held))
         try:
             await self._until_finished(stream, call)
         finally:
@@ -519,6 +538,12 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
     if previous is None:
         return not forwarded
     return mode == "always" and not previous.remote
+
+
+def _give_back(budget: MemoryBudget, held: int, call: asyncio.Task[None]) -> None:
+    """The handler call ended (returned, failed, cancelled; past its terminal event too): what
+    it held of its request is let go."""
+    budget.release(held)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
