@@ -1,9 +1,11 @@
-"""The request Codex sends for Responses Lite models (`use_responses_lite` in its catalog):
-tools in an `additional_tools` input item (role `developer`, Codex's tools in a `functions`
-namespace), top-level `tools` empty, `parallel_tool_calls: false`, `reasoning.context:
-"all_turns"`. The reference server accepts it and calls the declared tools, over plain HTTP
-and over a real socket (``ws-mode serve``, whole history and ``on_miss``), where continuations
-carry only their new items and the tools come with the cached context."""
+"""The request Codex sends for Responses Lite models (`use_responses_lite` in its catalog), as
+Codex 0.171 sent it for gpt-6-sol: tools in an `additional_tools` input item (with an `id`,
+role `developer`, Codex's tools in namespaces, `functions` first: its code-mode `exec` custom
+tool, then `wait` and others), top-level `tools` absent, `parallel_tool_calls: false`,
+`reasoning.context: "all_turns"`. The reference server accepts it and calls the declared
+tools, over plain HTTP and over a real socket (``ws-mode serve``, whole history and
+``on_miss``), where continuations carry only their new items and the tools come with the
+cached context."""
 
 from __future__ import annotations
 
@@ -27,14 +29,16 @@ EXEC: dict[str, Any] = {
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
     "strict": False,
 }
+CODE_MODE_EXEC: dict[str, Any] = {"type": "custom", "name": "exec", "description": "Run code."}
 FUNCTIONS: dict[str, Any] = {
     "type": "namespace",
     "name": "functions",
-    "description": "Codex's tools.",
-    "tools": [EXEC],
+    "description": "",
+    "tools": [CODE_MODE_EXEC, EXEC],  # a custom tool is never called: the function is
 }
 ADDITIONAL_TOOLS: dict[str, Any] = {
     "type": "additional_tools",
+    "id": "at_01a22142-8fea-7b51-9c12-687887504590",
     "role": "developer",
     "tools": [FUNCTIONS],
 }
@@ -45,7 +49,7 @@ USER: dict[str, Any] = {
 }
 LITE: dict[str, Any] = {
     "model": "gpt-6-sol",
-    "tools": [],
+    "tool_choice": "auto",
     "parallel_tool_calls": False,
     "reasoning": {"effort": "medium", "context": "all_turns"},
     "store": False,
