@@ -418,3 +418,30 @@ def steer_accepted_problems(event: Mapping[str, Any], target: str, lane: str | N
     if event.get("stream_id") != lane:
         problems.append(f"stream_id {event.get('stream_id')!r} instead of {lane!r}")
     return problems
+
+
+def steer_event_problems(event: Mapping[str, Any]) -> list[str]:
+    """What a steering answer (`response.steer.accepted`, `.pending`, `.failed`) lacks of its
+    SDK model: an integer `sequence_number`, the fields of :data:`EVENT_FIELDS`, a `steer`
+    naming the steered response; on a failure, `error.type` `invalid_request_error` (the SDKs'
+    only value) and a string `error.code` and `error.message`."""
+    problems = []
+    sequence = event.get("sequence_number")
+    if not isinstance(sequence, int) or isinstance(sequence, bool):
+        problems.append("no integer 'sequence_number'")
+    problems += [
+        f"no {name!r}" for name in EVENT_FIELDS.get(str(event["type"]), ()) if name not in event
+    ]
+    steer = event.get("steer")
+    if isinstance(steer, dict) and not isinstance(steer.get("previous_response_id"), str):
+        problems.append("no string steer.previous_response_id")
+    error = event.get("error")
+    if event["type"] == "response.steer.failed" and isinstance(error, dict):
+        if error.get("type") != "invalid_request_error":
+            problems.append(f"error.type {error.get('type')!r}, not 'invalid_request_error'")
+        problems += [
+            f"no string error.{name}"
+            for name in ("code", "message")
+            if not isinstance(error.get(name), str)
+        ]
+    return problems
