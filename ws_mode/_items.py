@@ -94,7 +94,7 @@ def with_input(head: bytes, fragments: list[bytes]) -> bytes:
 
 #: The input item that makes tools available from its place in the context on: how Codex sends
 #: its tools for Responses Lite models (`{"type": "additional_tools", "role": "developer",
-#: "tools": [...]}`, top-level `tools` left empty).
+#: "tools": [...]}`, top-level `tools` absent).
 ADDITIONAL_TOOLS: Final = "additional_tools"
 _ADDITIONAL_TOOLS_MARK: Final = b'"additional_tools"'
 
