@@ -15,7 +15,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from ._budget import MemoryBudget
-from ._items import Items, encode_items
+from ._items import Items, declared_tools, encode_items
 from ._logs import for_log
 from ._tokens import Tokens
 
@@ -59,6 +59,7 @@ class CachedResponse:
         "chain_size",
         "context_bytes",
         "context_decoded",
+        "declared_tools",
         "depth",
         "holders",
         "id",
@@ -107,6 +108,17 @@ class CachedResponse:
         self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}
         self.input_fragment = input_fragment if input_fragment is not None else self._input.fragment
         self.output_fragment = encode_items(output_items)
+        #: A digest of the tools its context's `additional_tools` items declare, up to and
+        #: including its own items (None: none); the next turn's `tools_digest` covers it.
+        self.declared_tools: bytes | None = declared_tools(
+            declared_tools(
+                parent.declared_tools if parent is not None else None,
+                self.input_fragment,
+                lambda: self._input.list,
+            ),
+            self.output_fragment,
+            lambda: output_items,
+        )
         self.depth: int = parent.depth + 1 if parent is not None else 1
         #: The encoded size of the whole context a continuation builds on (what a client
         #: with the full history would re-send).

@@ -47,6 +47,17 @@ CLIENT_CALLS: Final = {
     "apply_patch_call": "apply_patch_call_output",
     "mcp_approval_request": "mcp_approval_response",
 }
+
+
+def client_call_answer(item: dict[str, Any]) -> str | None:
+    """The type of the item that answers `item`, when it is a call the client must answer
+    (:data:`CLIENT_CALLS`, and a `tool_search_call` the client executes), else None."""
+    kind = item.get("type")
+    if kind == "tool_search_call":
+        return "tool_search_output" if item.get("execution") == "client" else None
+    return CLIENT_CALLS.get(kind) if kind.__class__ is str else None
+
+
 #: Events whose JSON the middleware decodes on the way through; the rest pass as they are.
 DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
 #: The terminal event a finished response object's `status` calls for.

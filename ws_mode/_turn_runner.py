@@ -46,7 +46,7 @@ from ._socket import ClientGone, ClientSocket
 from ._stack import entry
 from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
-from ._turn import Turn, body_cost, build_body, tools_digest
+from ._turn import Turn, body_cost, build_body, turn_tools_digest
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class TurnRunner:
     ) -> tuple[Turn, bytes, bytes | None]:
         """The turn's Turn, its new items encoded, and the handler's request body (None for a
         warm-up, which calls no handler)."""
-        digest = tools_digest(create.tools)
+        digest = turn_tools_digest(create, previous)
         renderer = self.settings.renderer
         if renderer is not None and previous is not None and previous.tokens is None:
             # A parent made elsewhere (hydrated from the store): render its context once.
@@ -359,6 +359,7 @@ class TurnRunner:
             principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
             steering=inbox,
+            tools=create.tools,
         )
         new_fragment = create.items.fragment
         if not create.generate:
