@@ -15,7 +15,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from ._budget import MemoryBudget
-from ._items import Items, encode_items
+from ._items import Items, declared_tools, encode_items
 from ._logs import for_log
 from ._tokens import Tokens
 
@@ -58,6 +58,8 @@ class CachedResponse:
         "chain_id",
         "chain_size",
         "context_bytes",
+        "context_decoded",
+        "declared_tools",
         "depth",
         "holders",
         "id",
@@ -106,6 +108,17 @@ class CachedResponse:
         self.artifacts: dict[str, Any] = artifacts if artifacts is not None else {}
         self.input_fragment = input_fragment if input_fragment is not None else self._input.fragment
         self.output_fragment = encode_items(output_items)
+        #: A digest of the tools its context's `additional_tools` items declare, up to and
+        #: including its own items (None: none); the next turn's `tools_digest` covers it.
+        self.declared_tools: bytes | None = declared_tools(
+            declared_tools(
+                parent.declared_tools if parent is not None else None,
+                self.input_fragment,
+                lambda: self._input.list,
+            ),
+            self.output_fragment,
+            lambda: output_items,
+        )
         self.depth: int = parent.depth + 1 if parent is not None else 1
         #: The encoded size of the whole context a continuation builds on (what a client
         #: with the full history would re-send).
@@ -121,14 +134,22 @@ class CachedResponse:
         # What the node keeps: its items encoded and decoded, and the response object (which
         # holds the output items); `size` is the response's decoded size when the caller
         # measured it from its encoding.
+        input_decoded = decoded_size(self.input_fragment)
+        output_decoded = decoded_size(self.output_fragment)
         if size is None:
-            size = decoded_size(self.output_fragment)
+            size = output_decoded
         self.size = (
             NODE_OVERHEAD
             + len(self.input_fragment)
-            + decoded_size(self.input_fragment)
+            + input_decoded
             + len(self.output_fragment)
             + size
+        )
+        #: What the whole context costs decoded (`decoded_size`, summed along the chain): what
+        #: a handler decoding a full-context request body holds of its history, known without
+        #: scanning the history again each turn.
+        self.context_decoded: int = (
+            (parent.context_decoded if parent is not None else 0) + input_decoded + output_decoded
         )
         #: What caching this response holds at the least: it and every ancestor.
         self.chain_size: int = self.size + (parent.chain_size if parent is not None else 0)

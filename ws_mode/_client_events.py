@@ -243,6 +243,7 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         raise ProtocolError(
             problem, code="invalid_type", param="store", stream_id=stream_id, on_lane=True
         )
+    prewarm = _prewarm(data, stream_id)
     if data.get("background"):
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
@@ -270,10 +271,23 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         input_sent=raw_input is not None,
         previous_response_id=data.get("previous_response_id"),
         stream_id=stream_id,
-        generate=data.get("generate") is not False,
+        generate=data.get("generate") is not False and not prewarm,
         tools=data.get("tools"),
         size=size,
     )
+
+
+def _prewarm(data: dict[str, Any], stream_id: str | None) -> bool:
+    """`prompt_cache_options.prewarm`: true prepares the prompt cache without generating
+    output, overriding `generate` to false (as the SDKs document it): a warm-up. Checked
+    strictly when present, as every field ws_mode reads."""
+    options = data.get("prompt_cache_options")
+    prewarm = options.get("prewarm") if isinstance(options, dict) else None
+    if not _optional_bool(prewarm):
+        raise _invalid_type(
+            "prompt_cache_options.prewarm", "a boolean", stream_id=stream_id, on_lane=True
+        )
+    return prewarm is True
 
 
 def _parse_steer(data: dict[str, Any]) -> SteerEvent:

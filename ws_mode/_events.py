@@ -378,12 +378,19 @@ class _Counter:
 
 
 def _item_events(index: int, item: dict[str, Any], seq: _Counter) -> Iterable[dict[str, Any]]:
+    """The events an SSE stream carries for one finished output item: added, the events of
+    its content (text, refusal, arguments, a custom tool's input, reasoning, compaction),
+    done; each as the SDKs' server-event union types it."""
     kind = item.get("type")
     item_id = item.get("id")
     if kind == "message":
         started: dict[str, Any] = {**item, "status": "in_progress", "content": []}
     elif kind == "function_call":
         started = {**item, "status": "in_progress", "arguments": ""}
+    elif kind == "custom_tool_call":
+        started = {**item, "input": ""}
+    elif kind == "reasoning":
+        started = {**item, "summary": [], **({"content": []} if "content" in item else {})}
     else:
         started = item
     yield {
@@ -392,49 +399,83 @@ def _item_events(index: int, item: dict[str, Any], seq: _Counter) -> Iterable[di
         "output_index": index,
         "item": started,
     }
+    where = {"item_id": item_id, "output_index": index}
     if kind == "message":
         for part_index, part in enumerate(item.get("content") or []):
-            if not isinstance(part, dict):
-                continue
-            where = {"item_id": item_id, "output_index": index, "content_index": part_index}
-            text = part.get("text")
-            empty = {**part, "text": ""} if isinstance(text, str) else part
-            yield {
-                "type": "response.content_part.added",
-                "sequence_number": seq(),
-                **where,
-                "part": empty,
-            }
-            if part.get("type") == "output_text" and isinstance(text, str):
-                delta = {"type": "response.output_text.delta", "delta": text, "logprobs": []}
-                yield {**delta, "sequence_number": seq(), **where}
-                done = {"type": "response.output_text.done", "text": text, "logprobs": []}
-                yield {**done, "sequence_number": seq(), **where}
-            yield {
-                "type": "response.content_part.done",
-                "sequence_number": seq(),
-                **where,
-                "part": part,
-            }
+            if isinstance(part, dict):
+                yield from _part_events({**where, "content_index": part_index}, part, seq)
     elif kind == "function_call":
         arguments = item.get("arguments") or ""
-        where = {"item_id": item_id, "output_index": index}
-        yield {
-            "type": "response.function_call_arguments.delta",
-            "sequence_number": seq(),
-            **where,
-            "delta": arguments,
-        }
-        yield {
-            "type": "response.function_call_arguments.done",
-            "sequence_number": seq(),
-            **where,
-            "arguments": arguments,
-            "name": item.get("name"),
-        }
+        yield _delta("response.function_call_arguments.delta", where, arguments, seq)
+        done = {"type": "response.function_call_arguments.done", "sequence_number": seq()}
+        done.update(where, arguments=arguments)
+        name = item.get("name")
+        if isinstance(name, str):
+            # Not in the SDKs' model of the event; OpenAI's API reference shows it.
+            done["name"] = name
+        yield done
+    elif kind == "custom_tool_call":
+        text = item.get("input") or ""
+        yield _delta("response.custom_tool_call_input.delta", where, text, seq)
+        done = {"type": "response.custom_tool_call_input.done", "sequence_number": seq()}
+        yield {**done, **where, "input": text}
+    elif kind == "reasoning":
+        yield from _reasoning_events(where, item, seq)
+    elif kind == "compaction":
+        yield {"type": "response.compaction.compacting", "sequence_number": seq(), **where}
     yield {
         "type": "response.output_item.done",
         "sequence_number": seq(),
         "output_index": index,
         "item": item,
     }
+
+
+def _delta(kind: str, where: dict[str, Any], delta: str, seq: _Counter) -> dict[str, Any]:
+    return {"type": kind, "sequence_number": seq(), **where, "delta": delta}
+
+
+def _part_events(
+    where: dict[str, Any], part: dict[str, Any], seq: _Counter
+) -> Iterable[dict[str, Any]]:
+    """A message content part's events: added (its text empty), its text or refusal as one
+    delta and done, then done."""
+    kind = part.get("type")
+    field = "refusal" if kind == "refusal" else "text"
+    text = part.get(field)
+    empty = {**part, field: ""} if isinstance(text, str) else part
+    yield {"type": "response.content_part.added", "sequence_number": seq(), **where, "part": empty}
+    if kind == "output_text" and isinstance(text, str):
+        yield {**_delta("response.output_text.delta", where, text, seq), "logprobs": []}
+        done = {"type": "response.output_text.done", "text": text, "logprobs": []}
+        yield {**done, "sequence_number": seq(), **where}
+    elif kind == "refusal" and isinstance(text, str):
+        yield _delta("response.refusal.delta", where, text, seq)
+        yield {"type": "response.refusal.done", "sequence_number": seq(), **where, "refusal": text}
+    yield {"type": "response.content_part.done", "sequence_number": seq(), **where, "part": part}
+
+
+def _reasoning_events(
+    where: dict[str, Any], item: dict[str, Any], seq: _Counter
+) -> Iterable[dict[str, Any]]:
+    """A reasoning item's summary parts (added, text delta and done, done) and its reasoning
+    text parts (delta and done)."""
+    for summary_index, part in enumerate(item.get("summary") or []):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            continue
+        at = {**where, "summary_index": summary_index}
+        text = part["text"]
+        added = {"type": "response.reasoning_summary_part.added", "sequence_number": seq()}
+        yield {**added, **at, "part": {**part, "text": ""}}
+        yield _delta("response.reasoning_summary_text.delta", at, text, seq)
+        done = {"type": "response.reasoning_summary_text.done", "sequence_number": seq()}
+        yield {**done, **at, "text": text}
+        part_done = {"type": "response.reasoning_summary_part.done", "sequence_number": seq()}
+        yield {**part_done, **at, "part": part}
+    for content_index, part in enumerate(item.get("content") or []):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            continue
+        at = {**where, "content_index": content_index}
+        yield _delta("response.reasoning_text.delta", at, part["text"], seq)
+        done = {"type": "response.reasoning_text.done", "sequence_number": seq()}
+        yield {**done, **at, "text": part["text"]}

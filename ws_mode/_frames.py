@@ -127,6 +127,8 @@ def _parse_encoded(text: str) -> ClientEvent:
         # Nested too deeply to encode: sent back decoded, the turn refuses it as any frame.
         with contextlib.suppress(orjson.JSONEncodeError):
             event.items = event.items.encoded_only()
+            # Counted here, off the event loop: what a handler's body decoded costs.
+            event.items.decoded_estimate = decoded_size(event.items.fragment)
     return event
 
 
@@ -139,6 +141,11 @@ class _Helper:
         )
         self._to: IO[bytes] = self.process.stdin  # type: ignore[assignment]
         self._from: IO[bytes] = self.process.stdout  # type: ignore[assignment]
+        # Reaped as soon as it ends, busy or idle (an OOM kill): otherwise an idle helper that
+        # died stays a zombie until the next large frame finds it dead.
+        threading.Thread(
+            target=self.process.wait, name="ws_mode-helper-reaper", daemon=True
+        ).start()
 
     def request(self, request: bytes) -> tuple[str, Any]:
         _write(self._to, request)

@@ -8,7 +8,9 @@ for them as objects.
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from collections.abc import Callable
+from typing import Any, Final
 
 import orjson
 
@@ -28,7 +30,7 @@ def encode_items(items: list[dict[str, Any]]) -> bytes:
 class Items:
     """A list of items, given decoded (`list`) or encoded (`fragment`, an array's contents)."""
 
-    __slots__ = ("_fragment", "_list")
+    __slots__ = ("_fragment", "_list", "decoded_estimate")
 
     def __init__(
         self, items: list[dict[str, Any]] | None = None, *, fragment: bytes | None = None
@@ -37,6 +39,10 @@ class Items:
             items = []
         self._list = items
         self._fragment = fragment
+        #: What the items cost decoded (`ws_mode._cache.decoded_size` of the fragment), when
+        #: it was counted where the frame was parsed (a helper process), so the event loop
+        #: need not scan a large fragment again.
+        self.decoded_estimate: int | None = None
 
     @property
     def list(self) -> list[dict[str, Any]]:
@@ -84,3 +90,28 @@ def with_input(head: bytes, fragments: list[bytes]) -> bytes:
         pieces.pop()
     pieces.append(b"]}")
     return b"".join(pieces)
+
+
+#: The input item that makes tools available from its place in the context on: how Codex sends
+#: its tools for Responses Lite models (`{"type": "additional_tools", "role": "developer",
+#: "tools": [...]}`, top-level `tools` absent).
+ADDITIONAL_TOOLS: Final = "additional_tools"
+_ADDITIONAL_TOOLS_MARK: Final = b'"additional_tools"'
+
+
+def declared_tools(
+    before: bytes | None, fragment: bytes, decoded: Callable[[], list[dict[str, Any]]]
+) -> bytes | None:
+    """A digest of the tools a context's `additional_tools` items declare: `before` (the
+    digest of the context up to some items) extended by those among the items, which are
+    `fragment` encoded and `decoded()` as objects. `before` when they hold none; None for a
+    context that declares none.
+
+    A search of the encoding decides, so items without any are never decoded."""
+    if _ADDITIONAL_TOOLS_MARK not in fragment:
+        return before
+    found = [item for item in decoded() if item.get("type") == ADDITIONAL_TOOLS]
+    if not found:
+        return before
+    encoded = orjson.dumps(found, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b((before or b"") + encoded, digest_size=16).digest()

@@ -355,7 +355,9 @@ class StoreLink:
         self, response_id: str, stream_id: str | None, cache: ResponseCache
     ) -> CachedResponse | None:
         """The stored conversation up to `response_id`, put in `cache`; None when it is not
-        stored whole for this scope. Raise `StoreUnavailable` when the store fails."""
+        stored whole for this scope. Raise `StoreUnavailable` when the store fails. A chain
+        the cache does not keep (too large, or the memory budget full) is returned held by
+        nothing (`holders` 0): the turn using it reserves it itself."""
         limits = self.limits
         chain = await load_chain(
             self.store,
@@ -367,6 +369,10 @@ class StoreLink:
         )
         if chain is None:
             return None
+        cached = cache.get(response_id)
+        if cached is not None:
+            # Another lane hydrated it meanwhile: one copy, the one the cache counts.
+            return cached
         node: CachedResponse | None = None
         for record in chain:
             node = CachedResponse(

@@ -47,6 +47,17 @@ CLIENT_CALLS: Final = {
     "apply_patch_call": "apply_patch_call_output",
     "mcp_approval_request": "mcp_approval_response",
 }
+
+
+def client_call_answer(item: dict[str, Any]) -> str | None:
+    """The type of the item that answers `item`, when it is a call the client must answer
+    (:data:`CLIENT_CALLS`, and a `tool_search_call` the client executes), else None."""
+    kind = item.get("type")
+    if kind == "tool_search_call":
+        return "tool_search_output" if item.get("execution") == "client" else None
+    return CLIENT_CALLS.get(kind) if kind.__class__ is str else None
+
+
 #: Events whose JSON the middleware decodes on the way through; the rest pass as they are.
 DECODED_EVENTS = (
     RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.added", "response.output_item.done"}
@@ -146,14 +157,15 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
 MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
 
 
-def memory_budget_message(what: str, *, upgrade: bool = False) -> str:
+def memory_budget_message(what: str, *, upgrade: bool = False, then: str | None = None) -> str:
     """Why `what` was refused: the process's memory budget is exhausted; what the client may
-    do (a refused upgrade falls back to HTTP)."""
-    then = (
-        "Use the HTTP API or retry later."
-        if upgrade
-        else "This connection and its responses are kept: retry shortly."
-    )
+    do (a refused upgrade falls back to HTTP; `then` says it otherwise)."""
+    if then is None:
+        then = (
+            "Use the HTTP API or retry later."
+            if upgrade
+            else "This connection and its responses are kept: retry shortly."
+        )
     return (
         "The server cannot hold more work now (its memory budget, Limits.max_memory_bytes, is "
         f"exhausted); {what} was refused. {then}"

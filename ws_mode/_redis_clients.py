@@ -64,6 +64,13 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+
+class TooFewReplicas(RedisError):
+    """Fewer replicas than `RedisStore(wait_replicas=...)` asked for confirmed a write (Redis
+    `WAIT`) in time: the write is not acknowledged (a failover could lose it), and is sent
+    again until its deadline."""
+
+
 #: One Redis, a Redis Cluster, or a master that Sentinels follow across failovers.
 Kind = Literal["redis", "cluster", "sentinel"]
 
@@ -305,9 +312,10 @@ _LASTING: Final = (AuthenticationError, AuthorizationError, ExternalAuthProvider
 def retryable(error: BaseException, kind: Kind) -> bool:
     """Whether a call that failed with `error` is worth sending again after a pause: on a
     cluster or a Sentinel's master, while a failover may be under way; on one Redis, only a
-    full pool (a client shared with other code), since a Redis that is down stays down."""
-    if isinstance(error, MaxConnectionsError):
-        return True
+    full pool (a client shared with other code), since a Redis that is down stays down. A
+    write too few replicas confirmed is sent again whatever the kind."""
+    if isinstance(error, MaxConnectionsError | TooFewReplicas):
+        return True  # a replica that lags, or one being attached to a new master, catches up
     if kind == "redis" or isinstance(error, _LASTING):
         return False
     return isinstance(error, _PASSING)
@@ -370,6 +378,8 @@ def explain(error: BaseException, kind: Kind, where: str) -> str:
         return f"{at} refused the credentials ({said})"
     if isinstance(error, NoPermissionError | AuthorizationError):
         return f"{at} does not let this user run a store command (ACL) ({said})"
+    if isinstance(error, TooFewReplicas):
+        return f"{at}: {error} (RedisStore wait_replicas): a replica is down, lags or is syncing"
     if isinstance(error, MaxConnectionsError):
         return f"every connection of the client of {short} was busy ({said})"
     if isinstance(error, ResponseError) and "DB index is out of range" in str(error):

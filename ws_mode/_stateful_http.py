@@ -42,17 +42,19 @@ from ._persistence import (
     store_scope,
 )
 from ._protocol import (
+    MEMORY_BUDGET_EXCEEDED,
     TERMINAL_EVENT_BY_STATUS,
     error_body,
     error_type_for_status,
     json_answer,
+    memory_budget_message,
     quoted_id,
 )
 from ._settings import Settings
 from ._sse import SSEBlock, SSEBlocks, content_type, is_event_stream
 from ._store import ResponseStore, StoredResponse
 from ._tap import ResponseTap
-from ._turn import turn
+from ._turn import body_cost, turn
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +167,20 @@ class StatefulHTTP:
                     send, 400, "previous_response_not_found", message, param="previous_response_id"
                 )
                 return
-            chain = found
+            chain, found = found, None
+        # The records (and the client's body) are let go once the handler's body is built:
+        # only their ids are needed after.
+        parent, chain_id = (chain[-1].id, chain[0].chain_id) if chain else (None, None)
         request = _full_request(body, chain, new_items) if chain else raw
+        del chain, raw
+        # A body rebuilt from the store, and what the handler holds of it, are reserved in the
+        # memory budget until the handler returns; refused, the handler is not called.
+        held = body_cost(request) if parent is not None else 0
+        budget = self.settings.budget
+        if not budget.reserve(held):
+            message = memory_budget_message("this request", then="Retry shortly.")
+            await _answer(send, 503, MEMORY_BUDGET_EXCEEDED, message)
+            return
         writes: list[asyncio.Task[bool]] = []
 
         def finished(response: dict[str, Any], output: list[dict[str, Any]]) -> None:
@@ -175,8 +189,8 @@ class StatefulHTTP:
                 return
             record = StoredResponse(
                 id=response["id"],
-                parent_id=chain[-1].id if chain else None,
-                chain_id=chain[0].chain_id if chain else response["id"],
+                parent_id=parent,
+                chain_id=chain_id if chain_id is not None else response["id"],
                 input=new_items,
                 output=encode_items(output),
                 response=orjson.dumps(response),
@@ -186,12 +200,16 @@ class StatefulHTTP:
                 start_write(self.store, self.settings.stats, owner, record, seconds=seconds)
             )
 
-        watcher = _Watcher(send, parent_id if chain else None, finished)
+        watcher = _Watcher(send, parent, finished)
         headers = _without_length(scope.get("headers", ()))
         headers.append((b"content-length", str(len(request)).encode()))
-        await self.settings.app(
-            {**scope, "headers": headers}, replay_body(request, receive), watcher
-        )
+        try:
+            await self.settings.app(
+                {**scope, "headers": headers}, replay_body(request, receive), watcher
+            )
+        finally:
+            del request  # not held while the writes land
+            budget.release(held)
         if writes:
             # The answer's end waits for the write, so a continuation finds it at once; the
             # write is the process's, and this request ending early never cancels it.

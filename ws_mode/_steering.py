@@ -46,7 +46,12 @@ from ._cache import decoded_size
 from ._client_events import CreateEvent, SteerEvent, text_input
 from ._items import Items
 from ._limits import Limits
-from ._protocol import CLIENT_CALLS, MEMORY_BUDGET_EXCEEDED, memory_budget_message, quoted_id
+from ._protocol import (
+    MEMORY_BUDGET_EXCEEDED,
+    client_call_answer,
+    memory_budget_message,
+    quoted_id,
+)
 from ._tap import ResponseTap
 
 #: Responses that may hold steering input waiting for the client's tool output; past this
@@ -186,7 +191,7 @@ def required_input(output: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stubs of what the client owes for `output`: one per call it must answer."""
     stubs = []
     for item in output:
-        answer = CLIENT_CALLS.get(str(item.get("type")))
+        answer = client_call_answer(item)
         if answer is None:
             continue
         if answer == "mcp_approval_response":
@@ -195,6 +200,8 @@ def required_input(output: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         stub: dict[str, Any] = {"type": answer, "call_id": item.get("call_id")}
         if answer == "function_call_output":
             stub["name"] = item.get("name")
+        elif answer == "tool_search_output":
+            stub["execution"] = "client"
         stubs.append(stub)
     return stubs
 
@@ -457,11 +464,11 @@ def steer_failed_event(
 ) -> dict[str, Any]:
     """A `response.steer.failed` event returning the uncommitted input to the client; it
     carries the target response's lane when that is known."""
-    kind = "server_error" if code == MEMORY_BUDGET_EXCEEDED else "invalid_request_error"
+    # Always `invalid_request_error`, whatever the code: the SDKs type it so.
     return _steer_event(
         "response.steer.failed",
         stream_id,
         0,
-        error={"type": kind, "code": code, "message": message},
+        error={"type": "invalid_request_error", "code": code, "message": message},
         steer={"previous_response_id": previous_response_id, "input": input},
     )

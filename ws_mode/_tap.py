@@ -10,7 +10,7 @@ from typing import Any
 
 from orjson import JSONDecodeError, loads
 
-from ._protocol import CLIENT_CALLS, FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS
+from ._protocol import FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS, client_call_answer
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ResponseTap:
         """Keep the item of a `response.output_item.done`."""
         item, index = event.get("item"), event.get("output_index")
         if isinstance(item, dict):
-            if item.get("type") in CLIENT_CALLS:
+            if client_call_answer(item) is not None:
                 self.client_calls = True
             self.items[index if isinstance(index, int) else len(self.items)] = item
 

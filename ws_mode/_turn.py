@@ -8,9 +8,10 @@ from typing import Any
 
 import orjson
 
-from ._cache import CachedResponse
+from ._budget import BODY_COPIES
+from ._cache import VALUE_OVERHEAD, CachedResponse, decoded_size
 from ._client_events import CreateEvent
-from ._items import Items, with_input
+from ._items import ADDITIONAL_TOOLS, Items, declared_tools, with_input
 from ._steering import SteerInbox
 from ._tokens import Tokens
 
@@ -23,10 +24,12 @@ class Turn:
     `previous` is the cached parent this turn continues (None for a fresh chain);
     `new_input` the items the client sent this turn; `history()` the whole context;
     `artifacts` a dict the handler fills, kept on this turn's cached response so the next
-    turn finds it on `previous.artifacts`; `stream_id` the lane; `tools_changed` whether the
-    tools differ from the parent's (always True for a fresh chain); `tool_artifacts` a dict the
-    handler fills for these exact tools (rendered schemas, a namespace), handed back on every
-    turn of the connection with the same tools.
+    turn finds it on `previous.artifacts`; `stream_id` the lane; `tools()` the tools it may
+    call; `tools_changed` whether they differ from the parent's (always True for a fresh
+    chain); `tool_artifacts` a dict the handler fills for these exact tools (rendered schemas,
+    a namespace), handed back on every turn of the connection with the same tools. The tools
+    are the request's `tools` and those the context's `additional_tools` items declare (how
+    Codex sends them for Responses Lite models).
 
     `cache_aware` tells whether continuations may reach the handler with only their new input
     (`full_context="on_miss"`): only then is anything read back from `artifacts`, so a handler
@@ -43,6 +46,7 @@ class Turn:
     __slots__ = (
         "_hand_event",
         "_new_input",
+        "_tools",
         "artifacts",
         "cache_aware",
         "full_context",
@@ -73,8 +77,10 @@ class Turn:
         new_tokens: list[int] | None = None,
         principal: Any = None,
         steering: SteerInbox | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self.previous = previous
+        self._tools = tools
         self._new_input = new_input if isinstance(new_input, Items) else Items(new_input)
         self.stream_id = stream_id
         self.tools_digest = tools_digest
@@ -117,6 +123,22 @@ class Turn:
         items = list(self.previous.context_items())
         items.extend(self.new_input)
         return items
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool definitions this turn may call: the request's `tools`, then the `tools` of
+        each `additional_tools` item of the context, in order. Reads the whole history when
+        the context declares tools that way."""
+        tools = list(self._tools or ())
+        previous = self.previous
+        if previous is not None and previous.declared_tools is not None:
+            items: list[dict[str, Any]] = self.history()
+        else:
+            items = self.new_input
+        for item in items:
+            declared = item.get("tools") if item.get("type") == ADDITIONAL_TOOLS else None
+            if isinstance(declared, list):
+                tools.extend(declared)
+        return tools
 
     def claim_steering(self) -> bool:
         """Take this turn's steering input yourself (with :meth:`take_steering`) instead of
@@ -186,12 +208,22 @@ def turn_of(scope: Mapping[str, Any]) -> Turn | None:
     return found if isinstance(found, Turn) else None
 
 
-def tools_digest(tools: list[dict[str, Any]] | None) -> bytes | None:
-    """A digest of the tool definitions, equal for equal tools whatever the key order."""
-    if not tools:
+def tools_digest(tools: list[dict[str, Any]] | None, declared: bytes | None = None) -> bytes | None:
+    """A digest of the tool definitions, equal for equal tools whatever the key order; with
+    `declared` (`ws_mode._items.declared_tools`: the context's `additional_tools` items) it
+    covers those too."""
+    if not tools and declared is None:
         return None
-    encoded = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(encoded, digest_size=16).digest()
+    encoded = orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(encoded + (declared or b""), digest_size=16).digest()
+
+
+def turn_tools_digest(create: CreateEvent, previous: CachedResponse | None) -> bytes | None:
+    """The `tools_digest` of a turn: its request's `tools` and the tools its context's
+    `additional_tools` items declare (the parent's, and those of its new input)."""
+    items = create.items
+    before = previous.declared_tools if previous is not None else None
+    return tools_digest(create.tools, declared_tools(before, items.fragment, lambda: items.list))
 
 
 def build_body(
@@ -227,3 +259,36 @@ def build_body(
     if new_fragment:
         fragments.append(new_fragment)
     return with_input(orjson.dumps(create.fields), fragments)
+
+
+def body_cost(
+    body: bytes,
+    previous: CachedResponse | None = None,
+    *,
+    full_context: bool = False,
+    new_items: Items | None = None,
+) -> int:
+    """What a handler call holds of its request body while it runs (reserved in the memory
+    budget from the build until the call ends): the body as bytes `BODY_COPIES` times (ws_mode's,
+    a framework's copy), and decoded (`await request.json()`), estimated as the cache estimates
+    items (`decoded_size`). Measured with a Starlette handler holding `await request.json()`:
+    tiny items held 10.9 times the body (13.7 estimated), 100-character messages 5.4 times
+    (5.6 estimated).
+
+    Only the fields are scanned: a full-context body's history is counted from its cached
+    nodes (`CachedResponse.context_decoded`), and the new items (`new_items`, the create's) by
+    the helper process that parsed a large frame (`Items.decoded_estimate`), else here."""
+    history = previous if previous is not None and full_context else None
+    new = new_items.fragment if new_items is not None else b""
+    # The layout `build_body` and `with_input` give: the fields, the history, the new items
+    # (a string input is among the fields, about as long as its one item), then `]}`.
+    head = len(body) - len(new) - 2 - (history.context_bytes if history is not None else 0)
+    head = max(0, head)
+    separators = body.count(b",", 0, head) + body.count(b":", 0, head)
+    decoded = head + VALUE_OVERHEAD * (separators + 1)
+    if history is not None:
+        decoded += history.context_decoded
+    if new_items is not None:
+        estimate = new_items.decoded_estimate
+        decoded += estimate if estimate is not None else decoded_size(new)
+    return BODY_COPIES * len(body) + decoded

@@ -28,6 +28,7 @@ from cachetools import LRUCache
 
 from ._after_response import AfterResponses
 from ._asgi import Scope
+from ._budget import MemoryBudget
 from ._cache import CachedResponse, ResponseCache
 from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
@@ -38,6 +39,7 @@ from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
     encode_event,
     error_event,
+    memory_budget_exceeded,
     not_found,
     quoted_id,
     server_error,
@@ -48,7 +50,7 @@ from ._socket import ClientGone, ClientSocket
 from ._stack import entry
 from ._steering import Outcome, SteerInbox, Steering, accepted_event
 from ._tokens import Tokens
-from ._turn import Turn, build_body, tools_digest
+from ._turn import Turn, body_cost, build_body, turn_tools_digest
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +264,14 @@ class TurnRunner:
             record.warm_up = True
             await self._warm_up(create, current, new_fragment, record)
             return None
+        # What the handler call holds of its body, and of a hydrated chain no cache holds, is
+        # reserved until the call ends (`_run_handler`); refused, the turn is not run.
+        held = body_cost(body, previous, full_context=current.full_context, new_items=create.items)
+        if previous is not None and previous.holders == 0:
+            held += previous.chain_size
+        if not self.settings.budget.reserve(held):
+            await self._refuse(record, memory_budget_exceeded("this request", create.stream_id))
+            return None
         self.stats.turns += 1
         started = time.perf_counter()  # not loop.time(): uvloop's is cached, in milliseconds
         stream = ResponseStream(
@@ -282,7 +292,7 @@ class TurnRunner:
             extension=current,
         )
         try:
-            return await self._run_handler(stream, scope, body, started, inbox)
+            return await self._run_handler(stream, scope, body, started, inbox, held)
         finally:
             self._note(record, stream)
 
@@ -293,12 +303,15 @@ class TurnRunner:
         body: bytes,
         started: float,
         inbox: SteerInbox | None,
+        held: int,
     ) -> Outcome:
-        """Call the handler and see its response to the end (cached, or failed)."""
+        """Call the handler and see its response to the end (cached, or failed). `held`,
+        reserved in the memory budget, is given back when the call ends, whenever that is."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
         handler = HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered)
         call = asyncio.create_task(handler.run())
+        call.add_done_callback(functools.partial(_give_back, self.settings.budget, held))
         try:
             await self._until_finished(stream, call)
             if stream.interruption is not None:
@@ -383,7 +396,7 @@ class TurnRunner:
     ) -> tuple[Turn, bytes, bytes | None]:
         """The turn's Turn, its new items encoded, and the handler's request body (None for a
         warm-up, which calls no handler)."""
-        digest = tools_digest(create.tools)
+        digest = turn_tools_digest(create, previous)
         renderer = self.settings.renderer
         if renderer is not None and previous is not None and previous.tokens is None:
             # A parent made elsewhere (hydrated from the store): render its context once.
@@ -401,6 +414,7 @@ class TurnRunner:
             principal=self.principal,
             new_tokens=list(renderer(create.new_input)) if renderer is not None else None,
             steering=inbox,
+            tools=create.tools,
         )
         new_fragment = create.items.fragment
         if not create.generate:
@@ -600,6 +614,12 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
     if previous is None:
         return not forwarded
     return mode == "always" and not previous.remote
+
+
+def _give_back(budget: MemoryBudget, held: int, call: asyncio.Task[None]) -> None:
+    """The handler call ended (returned, failed, cancelled; past its terminal event too): what
+    it held of its request is let go."""
+    budget.release(held)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

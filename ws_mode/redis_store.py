@@ -45,6 +45,11 @@ pauses until its deadline; on one Redis a call fails at once, since a Redis that
 stays down. At most `max_connections` calls are in flight at once (the pool's size, per node
 on a cluster): the others wait for a connection within their deadline, never fail for the
 lack of one. `check()` asks Redis, at startup, whether the store can work at all.
+
+Replication is asynchronous: a write the master acknowledged may be lost by a failover. With
+`wait_replicas` (not on a cluster) a write and a delete are followed by `WAIT` on the same
+connection, in the same round trip, and count only once that many replicas confirmed them;
+otherwise they are sent again until their deadline (both are idempotent).
 """
 
 from __future__ import annotations
@@ -54,8 +59,8 @@ import contextlib
 import functools
 import hashlib
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ._install import install_hint
 from ._store import DEFAULT_TTL_SECONDS, ParentNotStored, QuotaExceeded, StoredResponse
@@ -215,6 +220,8 @@ RETRY_PAUSE_SECONDS: Final = 0.05
 RETRY_PAUSE_MAX_SECONDS: Final = 0.5
 #: What a chain's hash names a deleted response's tombstone by: a NUL, then its id.
 TOMBSTONE: Final = b"\0"
+#: How long one try of a write waits for its replicas (`wait_replicas`), at most.
+REPLICA_WAIT_MS: Final = 1000
 #: How long the key `check()` writes lives.
 CHECK_KEY_MS: Final = 10_000
 
@@ -237,7 +244,8 @@ class RedisStore:
     more, at once; on a cluster or a Sentinel's master a call that meets a failover is sent
     again after growing pauses; every lookup, waiting and retries included, ends within
     `timeout` seconds, every write within `write_timeout`, with `RedisStoreError` (what went
-    wrong, and where) or `TimeoutError`.
+    wrong, and where) or `TimeoutError`. With `wait_replicas`, a write lands only once that
+    many replicas confirmed it (Redis `WAIT`), so a failover does not lose it.
     """
 
     def __init__(
@@ -249,13 +257,15 @@ class RedisStore:
         timeout: float = 2.0,
         write_timeout: float = 10.0,
         max_connections: int = 64,
+        wait_replicas: int = 0,
     ) -> None:
         try:
-            from ._redis_clients import open_client
+            from ._redis_clients import open_client, url_kind
         except ImportError as error:  # pragma: no cover - the extra is not installed
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
+        _check_replicas(wait_replicas, url_kind(url))  # before a client is made
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         endpoint = open_client(
@@ -275,6 +285,7 @@ class RedisStore:
             ttl_seconds=ttl_seconds,
             timeout=timeout,
             write_timeout=write_timeout,
+            wait_replicas=wait_replicas,
         )
 
     @classmethod
@@ -286,6 +297,7 @@ class RedisStore:
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         timeout: float = 2.0,
         write_timeout: float = 10.0,
+        wait_replicas: int = 0,
     ) -> RedisStore:
         """A store on a client the caller configured: a `redis.asyncio.Redis` (TLS, a shared
         pool...), a `redis.asyncio.RedisCluster`, or the master client of a Sentinel
@@ -311,6 +323,7 @@ class RedisStore:
             ttl_seconds=ttl_seconds,
             timeout=timeout,
             write_timeout=write_timeout,
+            wait_replicas=wait_replicas,
         )
         return store
 
@@ -326,8 +339,11 @@ class RedisStore:
         ttl_seconds: float,
         timeout: float,
         write_timeout: float,
+        wait_replicas: int,
     ) -> None:
         from ._redis_clients import ERRORS
+
+        _check_replicas(wait_replicas, kind)
 
         self.client = client
         #: What the store reaches: "redis" (one Redis), "cluster" or "sentinel".
@@ -338,6 +354,10 @@ class RedisStore:
         self.ttl_seconds = ttl_seconds
         self.timeout = timeout
         self.write_timeout = write_timeout
+        #: How many replicas must confirm a write (Redis `WAIT`) before it counts as landed.
+        self.wait_replicas = wait_replicas
+        # How long one try waits for them (a write is tried again until its deadline).
+        self._wait_ms = max(1, min(REPLICA_WAIT_MS, round(write_timeout * 250)))
         self._closers = closers
         self._bound = bound
         self._errors = ERRORS
@@ -395,7 +415,16 @@ class RedisStore:
             self._scope(principal),
             record.parent_id or "",
         ]
-        dropped = int(await self._call(lambda: self._put(keys=keys, args=args), self.write_timeout))
+
+        async def write() -> int:
+            if not self.wait_replicas:
+                return int(await self._put(keys=keys, args=args))
+            reply, confirmed = await self._confirmed(self._put, keys, args)
+            if int(reply) >= 0:  # written (-1, -2: nothing was)
+                self._replicated(confirmed)
+            return int(reply)
+
+        dropped = await self._call(write, self.write_timeout)
         if dropped == -2:
             from ._redis_clients import brief
 
@@ -469,8 +498,50 @@ class RedisStore:
         """Forget one response (the rest of its chain stays); whether it was stored."""
         keys = [self.index_key(principal, response_id), *self.account_keys(principal)]
         args: list[str | int] = [self.chain_key(principal, ""), response_id, self._ttl_ms]
-        removed = await self._call(lambda: self._delete(keys=keys, args=args))
-        return bool(removed)
+        removed_before = False  # by a try whose replicas did not all confirm it
+
+        async def delete() -> bool:
+            nonlocal removed_before
+            if not self.wait_replicas:
+                return bool(await self._delete(keys=keys, args=args))
+            reply, confirmed = await self._confirmed(self._delete, keys, args)
+            removed_before = removed_before or bool(reply)
+            self._replicated(confirmed)
+            return removed_before
+
+        return await self._call(delete, self.write_timeout if self.wait_replicas else None)
+
+    async def _confirmed(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | bytes | int]
+    ) -> tuple[Any, int]:
+        """Run `script` (a write), then `WAIT`, in one round trip on one connection: the
+        script's reply, and how many replicas confirmed the write within one try's wait."""
+        from redis.exceptions import NoScriptError
+
+        for _ in range(2):
+            # Not the script object's pipelining: it asks SCRIPT EXISTS first, on every call,
+            # and a failure there leaves the pipeline's connection out of the pool for good.
+            pipe: Any = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, self._wait_ms)
+            try:
+                reply, confirmed = await pipe.execute()  # releases its connection
+            except NoScriptError:  # a master that never ran it (promoted, restarted)
+                await self.client.script_load(script.script)
+                continue
+            return reply, int(confirmed)
+        raise RuntimeError("Redis forgot the store's script as soon as it was loaded")
+
+    def _replicated(self, confirmed: int) -> None:
+        """Raise `TooFewReplicas` (sent again until the call's deadline) unless `confirmed`
+        replicas are enough."""
+        if confirmed < self.wait_replicas:
+            from ._redis_clients import TooFewReplicas
+
+            raise TooFewReplicas(
+                f"{confirmed} of the {self.wait_replicas} replica(s) asked for confirmed a "
+                f"write within {self._wait_ms} ms"
+            )
 
     async def check(self) -> list[str]:
         """Ask Redis whether the store can work, as the middleware does at startup: it
@@ -618,3 +689,12 @@ class RedisStore:
 def _check_bounds(ttl_seconds: float, timeout: float, write_timeout: float) -> None:
     if ttl_seconds <= 0 or timeout <= 0 or write_timeout <= 0:
         raise ValueError("ttl_seconds, timeout and write_timeout must be positive")
+
+
+def _check_replicas(wait_replicas: int, kind: Kind) -> None:
+    if wait_replicas < 0:
+        raise ValueError("wait_replicas must be 0 or more")
+    if wait_replicas and kind == "cluster":
+        # A cluster pipeline sends WAIT (which names no key) to a node of its choosing, not
+        # down the connection that wrote.
+        raise ValueError("wait_replicas is for one Redis or a Sentinel's master, not a cluster")

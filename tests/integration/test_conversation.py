@@ -281,6 +281,37 @@ def test_warm_up_prepares_state_without_calling_the_handler(
         assert call.body["input"] == context
 
 
+def test_prompt_cache_prewarm_with_the_sdks_typed_fields_is_a_warm_up(
+    server: Server, tag: str
+) -> None:
+    """`generate` and `prompt_cache_options` as the SDK's typed create takes them: a prewarm
+    overrides `generate: true` (the SDKs say so) and no handler runs; `generate: true` alone
+    generates."""
+    with server.connect() as conn:
+        conn.response.create(
+            model="scripted",
+            input="Warm up.",
+            generate=True,
+            prompt_cache_options={"prewarm": True, "ttl": "30m"},
+            metadata={"tag": tag},
+        )
+        events = sdk_until_terminal(conn)
+        assert [event.type for event in events] == ["response.created", "response.completed"]
+        warm = events[1].response
+        assert warm.output == []
+        assert server.recorder.for_tag(tag) == []
+        conn.response.create(
+            model="scripted",
+            previous_response_id=warm.id,
+            input="Go.",
+            generate=True,
+            metadata={"tag": tag, "k": "0"},
+        )
+        assert completed_response(sdk_until_terminal(conn)).output_text
+    [call] = server.recorder.for_tag(tag)
+    assert call.turn["previous_id"] == warm.id
+
+
 def test_warm_up_on_a_lane_carries_its_stream_id(server: Server, tag: str) -> None:
     with server.raw() as ws:
         ws.send(create(tag, input="Warm up.", generate=False, stream_id="w"))

@@ -155,6 +155,34 @@ def test_generate_false_is_a_warm_up() -> None:
     assert create.tools == []
 
 
+@pytest.mark.parametrize(
+    ("options", "generate"),
+    [
+        ({"prewarm": True}, False),
+        ({"prewarm": False}, True),
+        ({"prewarm": None, "ttl": "30m"}, True),
+        ({"ttl": "12h"}, True),
+        ("not an object", True),  # not ws_mode's to read: the handler validates it
+    ],
+)
+def test_prompt_cache_prewarm_overrides_generate(options: Any, generate: bool) -> None:
+    # The SDKs: `prompt_cache_options.prewarm: true` prepares the prompt cache without
+    # generating output, overriding `generate` to false.
+    create = parse_create(generate=True, input="warm", prompt_cache_options=options)
+    assert create.generate is generate
+    assert create.fields["prompt_cache_options"] == options
+
+
+@pytest.mark.parametrize("prewarm", ["true", 1, 0, []])
+def test_a_prewarm_that_is_not_a_boolean_is_refused(prewarm: Any) -> None:
+    error = create_refusal(stream_id="w", prompt_cache_options={"prewarm": prewarm})
+    assert (error.code, error.param, error.stream_id) == (
+        "invalid_type",
+        "prompt_cache_options.prewarm",
+        "w",
+    )
+
+
 # --- stream_id --------------------------------------------------------------------------------
 
 

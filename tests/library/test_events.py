@@ -672,3 +672,85 @@ async def test_an_object_that_is_no_json_object_is_a_server_error(event: Any) ->
     assert error["type"] == "error"
     assert error["error"]["code"] == "server_error"
     assert recorder.failed == 1
+
+
+_RESPONSE: dict[str, Any] = {
+    "id": "resp_1",
+    "object": "response",
+    "created_at": 1,
+    "model": "m",
+    "status": "completed",
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "tools": [],
+}
+_EVERY_KIND: list[dict[str, Any]] = [
+    {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Think."}],
+        "content": [{"type": "reasoning_text", "text": "Thinking."}],
+    },
+    {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [
+            {"type": "output_text", "text": "Hi.", "annotations": []},
+            {"type": "refusal", "refusal": "No."},
+        ],
+    },
+    {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "lookup",
+        "arguments": "{}",
+        "status": "completed",
+    },
+    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_2", "name": "x", "input": "ls"},
+    {"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque"},
+]
+
+
+def test_lifecycle_events_of_every_item_kind_are_the_sdks_server_events() -> None:
+    """A JSON answer's synthesized events: each validates as the SDK's server-event union
+    types it and has every field it requires; each item's content has its events."""
+    server_events = pytest.importorskip("openai.types.responses.responses_server_event")
+    from pydantic import TypeAdapter
+
+    from ws_mode.testing._validation import require_sdk_fields
+
+    union: TypeAdapter[Any] = TypeAdapter(server_events.ResponsesServerEvent)
+    events = list(lifecycle_events({**_RESPONSE, "output": _EVERY_KIND}))
+    for number, event in enumerate(events):
+        assert event["sequence_number"] == number
+        require_sdk_fields(f"event {number}", event)
+        assert union.validate_python(event).type == event["type"]
+    kinds = [event["type"] for event in events]
+    for expected in (
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_text.done",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.compaction.compacting",
+    ):
+        assert expected in kinds, expected
+    refusal = next(e for e in events if e["type"] == "response.refusal.done")
+    assert (refusal["refusal"], refusal["content_index"]) == ("No.", 1)
+    (custom,) = [e for e in events if e["type"] == "response.custom_tool_call_input.done"]
+    assert (custom["input"], custom["output_index"]) == ("ls", 3)
+
+
+def test_arguments_done_names_the_function_only_when_the_item_does() -> None:
+    nameless = {**_EVERY_KIND[2], "name": None}
+    for item, name in ((_EVERY_KIND[2], {"name": "lookup"}), (nameless, {})):
+        events = lifecycle_events({**_RESPONSE, "output": [item]})
+        (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+        assert {key: done[key] for key in done if key == "name"} == name

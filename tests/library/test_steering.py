@@ -26,10 +26,15 @@ from ws_mode._client_events import CreateEvent, SteerEvent
 from ws_mode._items import Items
 from ws_mode._steering import (
     MAX_WAITING_RESPONSES,
+    STEER_MESSAGES,
     Outcome,
     Steer,
     SteerInbox,
     Steering,
+    accepted_event,
+    not_committed,
+    pending_event,
+    required_input,
 )
 
 STEP = 0.002  # seconds between two deltas
@@ -528,3 +533,43 @@ def test_steering_input_is_bounded_in_bytes_too() -> None:
     assert isinstance(refused, dict)
     assert refused["error"]["code"] == "too_many_pending_steers"
     assert len(inbox.steers) == 2
+
+
+_CALLS = [
+    {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"},
+    {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": ""},
+    {"type": "computer_call", "call_id": "c3", "action": {}},
+    {"type": "shell_call", "call_id": "c4", "action": {}},
+    {"type": "apply_patch_call", "call_id": "c5", "operation": {}},
+    {"type": "tool_search_call", "call_id": "c6", "execution": "client", "arguments": {}},
+    {"type": "tool_search_call", "call_id": "c7", "execution": "server", "arguments": {}},
+    {"type": "mcp_approval_request", "id": "mcpr_1", "name": "x", "arguments": "{}"},
+]
+
+
+@pytest.mark.parametrize("lane", [None, "a"])
+def test_every_steer_event_is_the_sdks_server_event(lane: str | None) -> None:
+    """`response.steer.accepted`, `.pending` (a stub for each call the client answers) and
+    `.failed` (each code) validate as the SDK's server-event union types them."""
+    server_events = pytest.importorskip("openai.types.responses.responses_server_event")
+    from pydantic import TypeAdapter
+
+    union: TypeAdapter[Any] = TypeAdapter(server_events.ResponsesServerEvent)
+    steer = Steer(id="steer_" + "0" * 32, target="resp_1", input="Go on.", items=[])
+    stubs = required_input(_CALLS)
+    # A server-run tool search is no client call: seven stubs for eight calls.
+    assert [stub["type"] for stub in stubs] == [
+        "function_call_output",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "tool_search_output",
+        "mcp_approval_response",
+    ]
+    events = [accepted_event(steer, lane, 3), pending_event(steer, stubs, lane)]
+    events += [not_committed(steer, code, lane) for code in STEER_MESSAGES]
+    for event in events:
+        parsed = union.validate_python(event)
+        assert parsed.type == event["type"]
+        assert getattr(parsed, "stream_id", None) == lane

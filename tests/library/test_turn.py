@@ -20,10 +20,12 @@ from websockets.sync.client import connect
 
 from tests.servers import serve
 from ws_mode import Turn, WebSocketModeMiddleware, turn
-from ws_mode._cache import CachedResponse, encode_items
+from ws_mode._budget import BODY_COPIES
+from ws_mode._cache import VALUE_OVERHEAD, CachedResponse, decoded_size, encode_items
 from ws_mode._client_events import CreateEvent, parse_client_event
+from ws_mode._frames import _parse_encoded
 from ws_mode._sse import encode_sse
-from ws_mode._turn import build_body, tools_digest
+from ws_mode._turn import body_cost, build_body, tools_digest
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True},
@@ -119,6 +121,38 @@ def test_continuation_uses_the_given_new_fragment() -> None:
     body = build_body(event, root, full_context=True, new_fragment=fragment)
     assert body == build_body(event, root, full_context=True)
     assert orjson.loads(body)["input"] == [user("hi"), user("new")]
+
+
+@pytest.mark.parametrize(
+    ("full_context", "new_input"),
+    [(True, [user("new"), user("more, and more")]), (True, "a string"), (False, [user("new")])],
+)
+def test_body_cost_is_what_a_scan_of_the_whole_body_estimates(
+    full_context: bool, new_input: Any
+) -> None:
+    """A body is counted without scanning its history (the nodes' `context_decoded`), yet as
+    the budget's estimate of the whole body would count it (within the separators joining the
+    pieces)."""
+    root = cached("r1", inputs=[user("hi")] * 50, outputs=[assistant("hello, there")])
+    leaf = cached("r2", root, inputs=[user("more: yes")] * 30, outputs=[assistant("sure")] * 3)
+    event = create(previous_response_id="r2", input=new_input, tools=TOOLS, instructions="Hi.")
+    body = build_body(event, leaf, full_context=full_context)
+    scanned = BODY_COPIES * len(body) + decoded_size(body)
+    counted = body_cost(body, leaf, full_context=full_context, new_items=event.items)
+    assert abs(counted - scanned) <= VALUE_OVERHEAD * 8
+    # Fresh chains too.
+    body = build_body(event, None, full_context=True)
+    counted = body_cost(body, None, full_context=True, new_items=event.items)
+    assert abs(counted - BODY_COPIES * len(body) - decoded_size(body)) <= VALUE_OVERHEAD * 4
+
+
+def test_a_frame_parsed_in_a_helper_brings_its_items_decoded_size_along() -> None:
+    """Counted off the event loop, so a large frame's items are not scanned on it again."""
+    text = json.dumps({"type": "response.create", "input": [user("x, y")] * 100})
+    event = _parse_encoded(text)
+    assert isinstance(event, CreateEvent)
+    assert not event.items.decoded
+    assert event.items.decoded_estimate == decoded_size(event.items.fragment)
 
 
 def test_continuation_with_only_new_input() -> None:

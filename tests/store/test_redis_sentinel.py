@@ -5,16 +5,24 @@ master killed, the replica promoted, and the store following it with nothing los
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from redis.asyncio.sentinel import Sentinel
 
-from tests.redis_server import SentinelServers
-from tests.servers import ws_mode_serve
-from tests.store_kit import answers, stored_record, turn
+from tests.redis_server import RedisServer, SentinelServers, wait_until
+from tests.servers import serve, ws_mode_serve
+from tests.store_kit import ClosingStore, answers, key, stored_record, turn, wait_for, who
+from ws_mode import Stats, StoredResponse, WebSocketModeMiddleware
+from ws_mode._persistence import write_records
 from ws_mode.redis_store import RedisStore, RedisStoreError
+from ws_mode.testing._client import connect
+from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +125,189 @@ def test_ws_mode_serve_names_a_sentinels_master(sentinel: SentinelServers, tmp_p
         assert event["type"] == "response.completed", event
     with sentinel.current_master().client() as client:
         assert client.keys("ws_mode:*")
+
+
+async def test_a_write_is_acknowledged_once_wait_replicas_hold_it_and_then_survives_a_failover(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Writes in flight when the master dies, its replicas cut off first (so the master alone
+    holds what it acknowledges): without `wait_replicas` the master acknowledges them and the
+    failover loses them (Redis replicates asynchronously); with `wait_replicas=1` they are
+    acknowledged only once the promoted replica's own replica has them, and all survive; with
+    `wait_replicas=2` (more than the new master has) none is acknowledged: each fails, is
+    counted once and logged once, whatever the retries under it."""
+    with SentinelServers(replicas=2) as servers:
+        stores = {
+            0: RedisStore(servers.url, timeout=5.0, write_timeout=10.0),
+            1: RedisStore(servers.url, timeout=5.0, write_timeout=10.0, wait_replicas=1),
+            2: RedisStore(servers.url, timeout=5.0, write_timeout=3.0, wait_replicas=2),
+        }
+        stats = {wait: Stats() for wait in stores}
+        try:
+            for store in stores.values():
+                await store.put("alice", stored_record("warm"))  # connected, scripts loaded
+            old = servers.master
+            for replica in servers.replicas:
+                replica.freeze()  # cannot reconnect once cut off...
+            with old.client() as client:
+                assert client.client_kill_filter(_type="replica") == 2  # ...and cut off
+            writes = {
+                (wait, n): asyncio.create_task(
+                    write_records(
+                        store,
+                        stats[wait],
+                        "alice",
+                        stored_record(f"w{wait}-{n}"),
+                        seconds=10.0,
+                    )
+                )
+                for wait, store in stores.items()
+                for n in range(10)
+            }
+            await asyncio.sleep(0.3)
+            acknowledged_first = {key for key, task in writes.items() if task.done()}
+            assert {wait for wait, _n in acknowledged_first} == {0}  # only where nobody waits
+            with caplog.at_level(logging.WARNING, logger="ws_mode"):
+                old.stop()  # SIGKILL: what only it held is gone
+                for replica in servers.replicas:
+                    replica.thaw()
+                landed = {key: await task for key, task in writes.items()}
+            assert servers.current_master() is not old
+            found = {
+                key: await stores[1].get("alice", f"w{key[0]}-{key[1]}") is not None
+                for key in writes
+            }
+        finally:
+            for store in stores.values():
+                await store.aclose()
+    # Acknowledged, then lost by the failover: what the docs say of the default.
+    assert all(landed[key] and not found[key] for key in writes if key[0] == 0)
+    assert stats[0].store_writes == 10
+    # Acknowledged once a replica held them: every one survived.
+    assert all(landed[key] and found[key] for key in writes if key[0] == 1)
+    assert (stats[1].store_writes, stats[1].store_failures) == (10, 0)
+    # Never acknowledged: failed, each counted and logged once (not once per retry).
+    assert not any(landed[key] for key in writes if key[0] == 2)
+    assert (stats[2].store_writes, stats[2].store_failures) == (0, 10)
+    failed = [r.getMessage() for r in caplog.records if "failed to keep" in r.getMessage()]
+    assert len(failed) == 10
+    assert all("did not answer within 3 s; the last try:" in line for line in failed), failed[0]
+    assert {line.split("'")[1] for line in failed} == {f"w2-{n}" for n in range(10)}
+
+
+class Acknowledging(RedisStore):
+    """A RedisStore that remembers which responses Redis acknowledged (their `put` returned)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acknowledged: set[str] = set()
+
+    async def put(self, principal: str, record: StoredResponse) -> int:
+        dropped = await super().put(principal, record)
+        self.acknowledged.add(record.id)
+        return dropped
+
+
+def test_sockets_go_on_through_a_failover_and_every_acknowledged_write_resolves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sockets run conversations (store: true) while the master is SIGKILLed: every turn on
+    every socket completes, on the socket it started on; every write ends acknowledged or
+    failed (counted); and every acknowledged response is found after the failover, over
+    stateful HTTP on the new master, with no conversation found lost (its rewrite logged)."""
+    caplog.set_level(logging.WARNING, logger="ws_mode")
+    with SentinelServers(replicas=2) as servers:
+        store = Acknowledging(servers.url, timeout=5.0, write_timeout=10.0, wait_replicas=1)
+        app = WebSocketModeMiddleware(
+            create_app(ReferenceConfig(tool_calls=1)),
+            store=store,
+            authenticate=who,
+            stateful_http=True,
+        )
+        old = servers.master
+        failed_over = threading.Event()
+        completed: list[str] = []
+        problems: list[object] = []
+
+        def converse() -> None:
+            try:
+                with connect(origin, headers=key("alice")) as socket:
+                    after, previous = 0, None
+                    while after < 4:  # turns begun after the failover was seen
+                        after += failed_over.is_set()
+                        fields: dict[str, Any] = {"input": "Plan it."}
+                        if previous is not None:
+                            fields = {
+                                "input": answers(previous),
+                                "previous_response_id": previous["id"],
+                            }
+                        socket.send({"type": "response.create", "model": "reference", **fields})
+                        event = socket.receive_turn(timeout=20)[-1]
+                        if event["type"] != "response.completed":
+                            problems.append(event)
+                            return
+                        previous = event["response"]
+                        completed.append(previous["id"])
+                        # A new conversation now and then: roots as well as continuations.
+                        if len(completed) % 5 == 0:
+                            previous = None
+            except Exception as exc:  # the socket closed, a timeout
+                problems.append(exc)
+
+        with serve(ClosingStore(app, store)) as origin:
+            threads = [threading.Thread(target=converse) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            assert wait_for(lambda: len(store.acknowledged) >= 12)
+            old.stop()  # SIGKILL, writes in flight
+            wait_until(lambda: _names_another(servers, old), "the failover", timeout=20)
+            failed_over.set()
+            for thread in threads:
+                thread.join(60)
+            assert problems == []
+
+            def settled() -> bool:
+                counts = app.stats.snapshot()
+                return bool(counts["store_writes"] + counts["store_failures"] == len(completed))
+
+            assert wait_for(settled, timeout=20), (app.stats.snapshot(), len(completed))
+            with httpx.Client(base_url=origin, headers=key("alice"), timeout=20) as http:
+                missing = [
+                    response_id
+                    for response_id in sorted(store.acknowledged)
+                    if http.get(f"/v1/responses/{response_id}").status_code != 200
+                ]
+        counts = app.stats.snapshot()
+    assert missing == []
+    assert counts["store_writes"] == len(store.acknowledged)  # written once each
+    assert store.acknowledged <= set(completed)
+    failed = [r for r in caplog.records if "failed to keep" in r.getMessage()]
+    assert len(failed) == counts["store_failures"]  # each failure logged once
+    assert not [r for r in caplog.records if "no longer holds" in r.getMessage()]
+
+
+def _names_another(servers: SentinelServers, old: RedisServer) -> bool:
+    try:
+        return servers.current_master() is not old
+    except Exception:  # the Sentinel names the dead master's port for a while
+        return False
+
+
+async def test_with_wait_replicas_a_write_and_a_delete_are_on_the_replica_when_they_return(
+    sentinel: SentinelServers,
+) -> None:
+    store = RedisStore(sentinel.url, prefix="waited", timeout=5.0, wait_replicas=1)
+    try:
+        a = stored_record("a")
+        await store.put("alice", a)
+        with sentinel.replicas[0].client() as replica:
+            assert replica.exists(store.index_key("alice", "a"))  # no wait: WAIT said so
+            assert await store.delete("alice", "a") is True
+            assert not replica.exists(store.index_key("alice", "a"))
+        assert await store.delete("alice", "a") is False
+        with pytest.raises(ValueError, match="0 or more"):
+            RedisStore(sentinel.url, wait_replicas=-1)
+        with pytest.raises(ValueError, match="not a cluster"):
+            RedisStore("redis+cluster://127.0.0.1:7000", wait_replicas=1)
+    finally:
+        await store.aclose()

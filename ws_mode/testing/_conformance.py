@@ -355,7 +355,9 @@ class Probe:
 
     def checked(self, request: dict[str, Any], events: list[dict[str, Any]]) -> Turn:
         """A turn of ``events`` (its terminal one last), checked by the kit's validators."""
-        step = Step(lane=request.get("stream_id"), generate=request.get("generate", True))
+        # `generate` null or absent generates (the SDKs type it `Optional[bool]`); only false
+        # is a warm-up, as ws_mode itself reads it.
+        step = Step(lane=request.get("stream_id"), generate=request.get("generate") is not False)
         response, output = check_events(
             step, request, events, earlier={}, allow_errors=True, validate_output=False
         )

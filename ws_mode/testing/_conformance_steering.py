@@ -27,7 +27,7 @@ from ._conformance import (
 )
 from ._conformance_state import FAILING_FIELDS
 from ._program import LOOKUP_TOOL
-from ._validation import steer_accepted_problems
+from ._validation import steer_accepted_problems, steer_event_problems
 
 STEERING_GUIDE: Final = "OpenAI steering guide"
 STEER_SOURCE: Final = f"{STEERING_GUIDE}; docs/protocol.md, response.steer"
@@ -83,7 +83,17 @@ def steer_answer(probe: Probe, socket: SyncSocket, seen: list[dict[str, Any]]) -
             raise CaseFailed(f"response.steer.failed without a string error.code: {event}")
         if error["code"] == "steering_not_supported":
             raise CaseSkipped("the server does not steer (steering_not_supported), as it may")
+    check_steer_event(event)
     return event
+
+
+def check_steer_event(event: dict[str, Any]) -> None:
+    """Fail the case when a steering answer lacks what its SDK model requires."""
+    problems = steer_event_problems(event)
+    if problems:
+        raise CaseFailed(
+            f"{event['type']} is not what the SDKs type: {'; '.join(problems)} ({describe(event)})"
+        )
 
 
 def failed_code(event: dict[str, Any]) -> str | None:
@@ -211,6 +221,7 @@ def steer_left_pending(probe: Probe, socket: SyncSocket) -> Pending:
             f"after a response ending with a tool call came {describe(waiting)}, not "
             "response.steer.pending"
         )
+    check_steer_event(waiting)
     return Pending(turn, answer, waiting)
 
 
@@ -254,6 +265,7 @@ def successor_creation_failed(probe: Probe) -> str:
             f"after the continuation carrying the steered input failed came {describe(returned)}, "
             "not response.steer.failed (successor_creation_failed)"
         )
+    check_steer_event(returned)
     if (returned.get("steer") or {}).get("id") != steer_id:
         raise CaseFailed(f"successor_creation_failed without the steer's id {steer_id!r}")
     return f"the failed continuation gave the input back: successor_creation_failed ({steer_id})"

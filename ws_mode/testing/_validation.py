@@ -253,8 +253,13 @@ RESPONSE_FIELDS = (
 )
 _WHERE = ("item_id", "output_index")
 _PART = (*_WHERE, "content_index")
-#: The fields (beyond `type` and `sequence_number`) the openai SDK's model of each stream event
-#: requires, for the events a Responses handler commonly streams.
+_COMMAND = ("command_index", "output_index")
+#: The fields (beyond `type` and `sequence_number`) the openai SDK's model of each server event
+#: requires: every type of the socket's server-event union (`ResponsesServerEvent`, 62 types in
+#: openai-python 3.57 and openai-node 7.59; `error` is checked on its own, in the nested
+#: envelope), the steering answers among them, and ws_mode's interrupt events, which no SDK types
+#: yet. tests/library/testing/test_sdk_events.py reads the installed SDK's union and checks this
+#: table names every type with the same fields, so a newer SDK's event shows up there.
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(RESPONSE_EVENTS, ("response",)),
     "response.output_item.added": ("item", "output_index"),
@@ -263,18 +268,72 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "response.content_part.done": (*_PART, "part"),
     "response.output_text.delta": (*_PART, "delta", "logprobs"),
     "response.output_text.done": (*_PART, "text", "logprobs"),
+    "response.output_text.annotation.added": (*_PART, "annotation_index"),
     "response.refusal.delta": (*_PART, "delta"),
     "response.refusal.done": (*_PART, "refusal"),
+    # No `name`: neither SDK's model has one (ws_mode's JSON answers add it when they know it).
     "response.function_call_arguments.delta": (*_WHERE, "delta"),
     "response.function_call_arguments.done": (*_WHERE, "arguments"),
+    "response.custom_tool_call_input.delta": (*_WHERE, "delta"),
+    "response.custom_tool_call_input.done": (*_WHERE, "input"),
     "response.reasoning_summary_part.added": (*_WHERE, "summary_index", "part"),
     "response.reasoning_summary_part.done": (*_WHERE, "summary_index", "part"),
     "response.reasoning_summary_text.delta": (*_WHERE, "summary_index", "delta"),
     "response.reasoning_summary_text.done": (*_WHERE, "summary_index", "text"),
     "response.reasoning_text.delta": (*_PART, "delta"),
     "response.reasoning_text.done": (*_PART, "text"),
-    "response.output_text.annotation.added": (*_PART, "annotation_index"),
+    "response.compaction.compacting": _WHERE,
+    "response.audio.delta": ("delta",),
+    "response.audio.done": (),
+    "response.audio.transcript.delta": ("delta",),
+    "response.audio.transcript.done": (),
+    "response.code_interpreter_call_code.delta": (*_WHERE, "delta"),
+    "response.code_interpreter_call_code.done": (*_WHERE, "code"),
+    "response.code_interpreter_call.in_progress": _WHERE,
+    "response.code_interpreter_call.interpreting": _WHERE,
+    "response.code_interpreter_call.completed": _WHERE,
+    "response.file_search_call.in_progress": _WHERE,
+    "response.file_search_call.searching": _WHERE,
+    "response.file_search_call.completed": _WHERE,
+    "response.web_search_call.in_progress": _WHERE,
+    "response.web_search_call.searching": _WHERE,
+    "response.web_search_call.completed": _WHERE,
+    "response.image_generation_call.in_progress": _WHERE,
+    "response.image_generation_call.generating": _WHERE,
+    "response.image_generation_call.partial_image": (
+        *_WHERE,
+        "partial_image_b64",
+        "partial_image_index",
+    ),
+    "response.image_generation_call.completed": _WHERE,
+    "response.mcp_call_arguments.delta": (*_WHERE, "delta"),
+    "response.mcp_call_arguments.done": (*_WHERE, "arguments"),
+    "response.mcp_call.in_progress": _WHERE,
+    "response.mcp_call.completed": _WHERE,
+    "response.mcp_call.failed": _WHERE,
+    "response.mcp_list_tools.in_progress": _WHERE,
+    "response.mcp_list_tools.completed": _WHERE,
+    "response.mcp_list_tools.failed": _WHERE,
+    "response.shell_call_command.added": (*_COMMAND, "command"),
+    "response.shell_call_command.delta": (*_COMMAND, "delta"),
+    "response.shell_call_command.done": (*_COMMAND, "command"),
+    "response.shell_call_output_content.delta": (*_COMMAND, "item_id", "delta"),
+    "response.shell_call_output_content.done": (*_COMMAND, "item_id", "output"),
+    # The answers to `response.steer` (not part of any response's stream).
+    "response.steer.accepted": ("steer",),
+    "response.steer.pending": ("reason", "required_input", "steer"),
+    "response.steer.failed": ("error", "steer"),
+    # ws_mode's answers to `response.interrupt` (docs/protocol.md): no SDK types them yet.
+    "response.interrupt.accepted": ("response_id",),
+    "response.interrupt.failed": ("response_id", "error"),
+    "response.output_item.interrupted": ("response_id", "item_id", "output_index"),
 }
+#: The interrupt events of :data:`EVENT_FIELDS`: ws_mode's, not (yet) in the SDKs' union.
+WS_MODE_EVENTS: frozenset[str] = frozenset(
+    {"response.interrupt.accepted", "response.interrupt.failed", "response.output_item.interrupted"}
+)
+#: Every server event type the kit knows: :data:`EVENT_FIELDS` and `error`.
+KNOWN_EVENTS: frozenset[str] = frozenset({*EVENT_FIELDS, "error"})
 #: The fields of an error event's nested error (WebSocket mode's envelope).
 ERROR_FIELDS = ("type", "code", "message", "param")
 
@@ -358,4 +417,31 @@ def steer_accepted_problems(event: Mapping[str, Any], target: str, lane: str | N
         )
     if event.get("stream_id") != lane:
         problems.append(f"stream_id {event.get('stream_id')!r} instead of {lane!r}")
+    return problems
+
+
+def steer_event_problems(event: Mapping[str, Any]) -> list[str]:
+    """What a steering answer (`response.steer.accepted`, `.pending`, `.failed`) lacks of its
+    SDK model: an integer `sequence_number`, the fields of :data:`EVENT_FIELDS`, a `steer`
+    naming the steered response; on a failure, `error.type` `invalid_request_error` (the SDKs'
+    only value) and a string `error.code` and `error.message`."""
+    problems = []
+    sequence = event.get("sequence_number")
+    if not isinstance(sequence, int) or isinstance(sequence, bool):
+        problems.append("no integer 'sequence_number'")
+    problems += [
+        f"no {name!r}" for name in EVENT_FIELDS.get(str(event["type"]), ()) if name not in event
+    ]
+    steer = event.get("steer")
+    if isinstance(steer, dict) and not isinstance(steer.get("previous_response_id"), str):
+        problems.append("no string steer.previous_response_id")
+    error = event.get("error")
+    if event["type"] == "response.steer.failed" and isinstance(error, dict):
+        if error.get("type") != "invalid_request_error":
+            problems.append(f"error.type {error.get('type')!r}, not 'invalid_request_error'")
+        problems += [
+            f"no string error.{name}"
+            for name in ("code", "message")
+            if not isinstance(error.get(name), str)
+        ]
     return problems

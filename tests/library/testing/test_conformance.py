@@ -162,6 +162,18 @@ def _open_item_dropped(event: dict[str, Any]) -> list[Any]:
     return [] if event["type"] == "response.output_item.interrupted" else [event]
 
 
+def _steer_failure_as_server_error(event: dict[str, Any]) -> list[Any]:
+    if event["type"] == "response.steer.failed":
+        event["error"]["type"] = "server_error"
+    return [event]
+
+
+def _pending_without_steer(event: dict[str, Any]) -> list[Any]:
+    if event["type"] == "response.steer.pending":
+        del event["steer"]
+    return [event]
+
+
 def _error_answers_processed(event: dict[str, Any]) -> list[Any]:
     if event["type"] == "response.created" and not event["response"].get("output"):
         # The warm-up after `response.processed`: an error comes first, as if it answered it.
@@ -197,6 +209,12 @@ class OneLaneAtATime:
         ("lanes.default_lane_unmarked", _lane_on_default, "carries a stream_id on the default"),
         ("lanes.stream_id_echoed", _terminal_without_lane, "does not carry its lane's stream_id"),
         ("steering.accepted", _short_steer_id, "is not steer_ and 32 hex digits"),
+        (
+            "steering.response_not_found",
+            _steer_failure_as_server_error,
+            "error.type 'server_error', not 'invalid_request_error'",
+        ),
+        ("steering.pending", _pending_without_steer, "response.steer.pending is not what the SDKs"),
         ("codex.response_processed", _error_answers_processed, "unknown_event_type"),
         ("interrupt.accepted", _open_item_dropped, "got neither response.output_item.interrupted"),
         ("lanes.concurrent", OneLaneAtATime(), "the lanes ran one after the other"),

@@ -269,7 +269,7 @@ def test_what_a_turn_leaves_for_the_next() -> None:
 
 
 GOOD: dict[str, Any] = {
-    "format": 2,
+    "format": 3,
     "digest_state": "00",
     "tool_calls": 0,
     "tokens": 1,
@@ -277,6 +277,7 @@ GOOD: dict[str, Any] = {
     "instruction_tokens": 0,
     "open_calls": ["call_1"],
     "compacted": False,
+    "declared": ["exec_command", "functions"],
 }
 
 
@@ -294,6 +295,8 @@ GOOD: dict[str, Any] = {
         {**GOOD, "open_calls": [1]},
         {**GOOD, "compacted": "yes"},
         {**GOOD, "compacted": True, "tokens": None},
+        {**GOOD, "declared": ["exec_command"]},
+        {**GOOD, "declared": [1, None]},
     ],
 )
 def test_anything_unexpected_in_the_artifacts_reads_as_nothing_saved(kept: object) -> None:

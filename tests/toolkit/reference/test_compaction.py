@@ -160,11 +160,21 @@ def test_the_compaction_item_streams_first(client: TestClient) -> None:
         "metadata": {"reference_tool_calls": "0"},
     }
     events = check_stream(client.post("/v1/responses", json=body).content)
-    added, done = events[2], events[3]
+    added, compacting, done = events[2], events[3], events[4]
     assert added["type"] == "response.output_item.added"
     assert done["type"] == "response.output_item.done"
     assert added["item"]["type"] == done["item"]["type"] == "compaction"
     assert added["output_index"] == done["output_index"] == 0
+    # Between them, as OpenAI's: `response.compaction.compacting`, naming the item only.
+    sequence_number = compacting["sequence_number"]
+    assert {key: value for key, value in compacting.items() if key != "sequence_number"} == {
+        "type": "response.compaction.compacting",
+        "item_id": done["item"]["id"],
+        "output_index": 0,
+    }
+    assert added["sequence_number"] < sequence_number < done["sequence_number"]
+    server_events = pytest.importorskip("openai.types.responses.responses_server_event")
+    server_events.ResponseCompactionWsCompacting.model_validate(compacting)
     assert events[-1]["response"]["output"][0] == done["item"]
 
 

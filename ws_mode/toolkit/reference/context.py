@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from .calls import chain_lookup, check_outputs
 from .compaction import EMPTY, Folded, advance
+from .model import Function, context_function
 from .tokenizer import ReferenceTokenizer
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ __all__ = ["ARTIFACT_KEY", "Context", "Saved", "resume", "save", "stateless"]
 
 ARTIFACT_KEY: Final = "ws_mode.toolkit.reference"
 """The key of :class:`Saved` (as a plain JSON-able dict) in a Turn's artifacts."""
-_FORMAT: Final = 2  # bumped whenever what is saved, or how it is computed, changes
+_FORMAT: Final = 3  # bumped whenever what is saved, or how it is computed, changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class Saved:
     the context was compacted (``compacted``: it starts at a compaction item, and the Turn's
     tokens cover what came before too). ``open_calls`` are the calls no output answers yet.
     ``instructions`` and ``instruction_tokens`` spare re-encoding unchanged instructions.
+    ``declared`` is the first function the context's ``additional_tools`` items declare.
     It is kept in the artifacts as a plain JSON-able dict, so a store that serializes
     artifacts keeps it too; anything unexpected there reads as nothing saved.
     """
@@ -57,6 +59,7 @@ class Saved:
     instruction_tokens: int
     open_calls: tuple[str, ...] = ()
     compacted: bool = False
+    declared: Function | None = None
 
     @property
     def folded(self) -> Folded:
@@ -74,6 +77,7 @@ class Saved:
             "instruction_tokens": self.instruction_tokens,
             "open_calls": list(self.open_calls),
             "compacted": self.compacted,
+            "declared": list(self.declared) if self.declared is not None else None,
         }
 
     @classmethod
@@ -91,6 +95,7 @@ class Saved:
             value.get("instruction_tokens"),
         )
         pending, compacted = value.get("open_calls"), value.get("compacted")
+        declared = _function(value.get("declared"))
         if not (
             isinstance(state, str)
             and _is_count(calls)
@@ -101,6 +106,7 @@ class Saved:
             and all(isinstance(call_id, str) for call_id in pending)
             and isinstance(compacted, bool)
             and (tokens is not None or not compacted)
+            and (declared is not None or value.get("declared") is None)
         ):
             return None
         try:
@@ -108,8 +114,24 @@ class Saved:
         except ValueError:
             return None
         return cls(
-            digest_state, calls, tokens, instructions, instruction_tokens, tuple(pending), compacted
+            digest_state,
+            calls,
+            tokens,
+            instructions,
+            instruction_tokens,
+            tuple(pending),
+            compacted,
+            declared,
         )
+
+
+def _function(value: object) -> Function | None:
+    """A saved :data:`~ws_mode.toolkit.reference.model.Function` (``[name, namespace]``)."""
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+        namespace = value[1]
+        if namespace is None or isinstance(namespace, str):
+            return value[0], namespace
+    return None
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -122,8 +144,9 @@ class Context:
 
     ``tokens`` counts the rendered context items (from the latest compaction item on, when
     ``compacted``); ``instruction_tokens`` the ``instructions``; ``open_calls`` the calls no
-    output answers yet. ``items_seen`` and ``tokens_rendered`` are the work done: items looked
-    at, tokens rendered.
+    output answers yet; ``declared`` the first function its ``additional_tools`` items
+    declare. ``items_seen`` and ``tokens_rendered`` are the work done: items looked at, tokens
+    rendered.
     """
 
     digest_state: bytes
@@ -136,6 +159,7 @@ class Context:
     resumed: bool
     open_calls: tuple[str, ...] = ()
     compacted: bool = False
+    declared: Function | None = None
 
     @property
     def input_tokens(self) -> int:
@@ -168,6 +192,7 @@ def stateless(
         resumed=False,
         open_calls=folded.open_calls,
         compacted=at is not None,
+        declared=context_function(context),
     )
 
 
@@ -238,6 +263,7 @@ def resume(turn: Turn, instructions: str | None, tokenizer: ReferenceTokenizer) 
         resumed=True,
         open_calls=folded.open_calls,
         compacted=saved.compacted or at is not None,
+        declared=context_function(items, saved.declared),
     )
 
 
@@ -262,5 +288,6 @@ def save(
         instruction_tokens=context.instruction_tokens,
         open_calls=folded.open_calls,
         compacted=compacted,
+        declared=context_function(output, context.declared),
     ).to_artifact()
     return rendered

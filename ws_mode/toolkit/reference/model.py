@@ -29,6 +29,7 @@ __all__ = [
     "count_tool_calls",
     "delta_tokens",
     "finish_digest",
+    "first_function",
     "fold_items",
     "output_tokens",
     "script",
@@ -172,12 +173,41 @@ def count_tool_calls(count: int, items: Iterable[dict[str, Any]]) -> int:
     return count
 
 
-def _tool_name(tools: list[dict[str, Any]] | None) -> str:
+#: A function the model calls: its name, and the namespace it is declared in (None: none).
+Function = tuple[str, str | None]
+
+
+def first_function(tools: Iterable[Any] | None) -> Function | None:
+    """The first ``"function"`` tool of ``tools``, looking into ``"namespace"`` tools (whose
+    calls name their namespace) in order; None when there is none."""
     for tool in tools or ():
-        name = tool.get("name")
-        if tool.get("type") == "function" and isinstance(name, str) and name:
-            return name
-    return DEFAULT_TOOL_NAME
+        if not isinstance(tool, dict):
+            continue
+        kind, name = tool.get("type"), tool.get("name")
+        if kind == "function" and isinstance(name, str) and name:
+            return name, None
+        inner = tool.get("tools")
+        if kind == "namespace" and isinstance(name, str) and name and isinstance(inner, list):
+            found = first_function(tool for tool in inner if tool.get("type") == "function")
+            if found is not None:
+                return found[0], name
+    return None
+
+
+def context_function(
+    items: Iterable[dict[str, Any]], found: Function | None = None
+) -> Function | None:
+    """``found``, else the first function declared by an ``additional_tools`` item of
+    ``items`` (the tools a request made available in its input, as Codex sends them for
+    Responses Lite models), else None."""
+    if found is not None:
+        return found
+    for item in items:
+        if item.get("type") == "additional_tools" and isinstance(item.get("tools"), list):
+            found = first_function(item["tools"])
+            if found is not None:
+                return found
+    return None
 
 
 def _padding(length: int) -> str:
@@ -202,9 +232,11 @@ def script(
     """Run the scripted model: return the output items (status ``"completed"``) for a context.
 
     While fewer than ``config.tool_calls`` ``function_call_output`` items follow the last user
-    message, the model asks for one more call of the first ``"function"`` tool (``"lookup"`` if
-    there is none), with arguments ``{"step": k, "context_digest": d}`` (k counts from 1) plus a
-    ``"padding"`` string of ``config.argument_padding`` characters when that is non-zero.
+    message, the model asks for one more call of the first ``"function"`` tool (inside a
+    ``"namespace"`` tool too; then the call names the namespace), of ``tools`` or else of the
+    context's ``additional_tools`` items (``"lookup"`` if there is none), with arguments
+    ``{"step": k, "context_digest": d}`` (k counts from 1) plus a ``"padding"`` string of
+    ``config.argument_padding`` characters when that is non-zero.
     Otherwise it answers with one assistant message of ``config.answer_tokens`` words that
     starts with ``[d]`` and says how many tool calls happened.
 
@@ -212,7 +244,9 @@ def script(
     calls give equal output exactly when their context, instructions and tools are equal.
     """
     state = fold_items(b"", context)
-    return script_from_state(state, tool_calls_since_user(context), instructions, tools, config)
+    calls = tool_calls_since_user(context)
+    declared = context_function(context)
+    return script_from_state(state, calls, instructions, tools, config, declared=declared)
 
 
 def script_from_state(
@@ -221,24 +255,29 @@ def script_from_state(
     instructions: str | None,
     tools: list[dict[str, Any]] | None,
     config: ReferenceConfig,
+    *,
+    declared: Function | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`script` of a context known only by its folded digest ``state``
-    (:func:`fold_items`) and its :func:`tool_calls_since_user` count ``tool_calls``."""
+    (:func:`fold_items`) and its :func:`tool_calls_since_user` count ``tool_calls``;
+    ``declared`` is its :func:`context_function`."""
     digest = finish_digest(state, instructions, tools)
     if tool_calls < config.tool_calls:
         arguments: dict[str, Any] = {"step": tool_calls + 1, "context_digest": digest}
         if config.argument_padding:
             arguments["padding"] = _padding(config.argument_padding)
-        return [
-            {
-                "type": "function_call",
-                "id": f"fc_{digest}",
-                "call_id": f"call_{digest}",
-                "name": _tool_name(tools),
-                "arguments": orjson.dumps(arguments).decode(),
-                "status": "completed",
-            }
-        ]
+        name, namespace = first_function(tools) or declared or (DEFAULT_TOOL_NAME, None)
+        call = {
+            "type": "function_call",
+            "id": f"fc_{digest}",
+            "call_id": f"call_{digest}",
+            "name": name,
+            "arguments": orjson.dumps(arguments).decode(),
+            "status": "completed",
+        }
+        if namespace is not None:
+            call["namespace"] = namespace
+        return [call]
     text = _answer_text(digest, tool_calls, config.answer_tokens)
     return [
         {

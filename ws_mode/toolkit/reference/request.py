@@ -177,8 +177,29 @@ def _input_items(raw_input: object) -> list[dict[str, Any]]:
     if isinstance(raw_input, str):
         return [{"role": "user", "content": raw_input}]
     if isinstance(raw_input, list):
-        return require_objects("input", raw_input)
+        items = require_objects("input", raw_input)
+        for index, item in enumerate(items):
+            if item.get("type") == "additional_tools":
+                _check_additional_tools(f"input[{index}]", item)
+        return items
     raise _invalid_type("input", "a string or an array of input items", raw_input)
+
+
+def _check_additional_tools(where: str, item: dict[str, Any]) -> None:
+    """An ``additional_tools`` item, as Codex sends its tools for Responses Lite models: role
+    ``developer`` and ``tools`` an array of tool objects (a ``namespace`` tool holds more)."""
+    role = item.get("role")
+    if role != "developer":
+        raise RequestError(
+            f"Invalid value for '{where}.role': an additional_tools item's role must be "
+            f"'developer', got {role!r}.",
+            code="invalid_value",
+            param=f"{where}.role",
+        )
+    tools = item.get("tools")
+    if not isinstance(tools, list):
+        raise _invalid_type(f"{where}.tools", "an array of tools", tools)
+    require_objects(f"{where}.tools", tools)
 
 
 def require_objects(param: str, values: list[Any]) -> list[dict[str, Any]]:

@@ -145,8 +145,11 @@ def events(
         elif item["type"] == "message":
             yield from _message_events(index, item)
         else:
-            # A compaction item has no events of its own between added and done.
             yield {"type": "response.output_item.added", "output_index": index, "item": item}, None
+            if item["type"] == "compaction":
+                # The summary is sampled (opaque: the event carries none of it).
+                where = {"item_id": item["id"], "output_index": index}
+                yield {"type": "response.compaction.compacting", **where}, None
         yield {"type": "response.output_item.done", "output_index": index, "item": item}, None
     yield {"type": "response.completed", "response": completed}, None
 

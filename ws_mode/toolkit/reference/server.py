@@ -121,7 +121,12 @@ def _respond(
     if parsed.tool_calls is not None and parsed.tool_calls != config.tool_calls:
         effective = dataclasses.replace(config, tool_calls=parsed.tool_calls)
     output = script_from_state(
-        context.digest_state, context.tool_calls, parsed.instructions, parsed.tools, effective
+        context.digest_state,
+        context.tool_calls,
+        parsed.instructions,
+        parsed.tools,
+        effective,
+        declared=context.declared,
     )
     threshold = parsed.compact_threshold
     if threshold is not None and context.input_tokens >= threshold:
