@@ -174,15 +174,16 @@ class TurnRunner:
         response: `ResponseStream.interrupt`); else the `response.interrupt.failed` to send.
         Whichever comes first, the response's end or the interrupt, is what the client sees."""
         target = interrupt.response_id
-        active = next((s for s in self.streams if s.response_id == target and not s.finished), None)
-        if active is not None and self.settings.interrupts:
-            active.interrupt()
+        # A stream that finished is still here while its end goes out (or the call returns).
+        stream = next((s for s in self.streams if s.response_id == target), None)
+        if stream is not None and not stream.finished and self.settings.interrupts:
+            stream.interrupt()
             return None
-        node = self.cache.get(target) if active is None else None
-        lane = active.stream_id if active is not None else node.stream_id if node else None
+        node = self.cache.get(target) if stream is None else None
+        lane = stream.stream_id if stream is not None else node.stream_id if node else None
         if not self.settings.interrupts:
             code = "interrupt_not_supported"
-        elif node is not None or target in self._ended:
+        elif stream is not None or node is not None or target in self._ended:
             code = "response_already_completed"
         else:
             code = "response_not_found"
