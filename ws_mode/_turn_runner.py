@@ -56,9 +56,9 @@ logger = logging.getLogger(__name__)
 
 # How many distinct tool sets keep their handler-made artifacts per connection.
 TOOL_SETS = 64
-#: How many ids of the connection's latest ended responses are kept, so that an interrupt of
-#: one no longer cached (failed, too large, evicted) is told it ended, not that it is unknown.
-ENDED_IDS = 64
+#: How many ids of the connection's latest failed responses are kept (never cached), so that
+#: an interrupt of one is told it ended, not that it is unknown. A few KiB per connection.
+FAILED_IDS = 16
 
 #: The message of each `response.interrupt.failed` code.
 INTERRUPT_MESSAGES = {
@@ -117,8 +117,8 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
-        #: The ids of the latest responses that ended (`ENDED_IDS` at most).
-        self._ended: deque[str] = deque(maxlen=ENDED_IDS)
+        #: The ids of the latest responses that failed (`FAILED_IDS` at most).
+        self._failed: deque[str] = deque(maxlen=FAILED_IDS)
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -183,7 +183,12 @@ class TurnRunner:
         lane = stream.stream_id if stream is not None else node.stream_id if node else None
         if not self.settings.interrupts:
             code = "interrupt_not_supported"
-        elif stream is not None or node is not None or target in self._ended:
+        elif (
+            stream is not None
+            or node is not None
+            or target in self._failed
+            or self.cache.why_missing(target) is not None  # finished, too large to keep
+        ):
             code = "response_already_completed"
         else:
             code = "response_not_found"
@@ -319,8 +324,8 @@ class TurnRunner:
                 await self._interrupted(stream.interruption, handler, call)
         finally:
             self.streams.discard(stream)
-            if stream.response_id is not None:
-                self._ended.append(stream.response_id)
+            if stream.response_id is not None and not stream.succeeded:
+                self._failed.append(stream.response_id)
             if stream.finished:
                 elapsed = time.perf_counter() - started
                 self.stats.turn_finished(elapsed, failed=stream.failure is not None)
