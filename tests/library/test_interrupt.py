@@ -17,7 +17,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.servers import serve
-from ws_mode import MemoryStore, WebSocketModeMiddleware
+from ws_mode import ConfigError, MemoryStore, WebSocketModeMiddleware
 from ws_mode._asgi import Receive, Scope, Send
 
 RECV = 10.0
@@ -387,3 +387,8 @@ def test_an_interrupt_racing_the_response_end_leaves_one_outcome_and_the_socket_
             assert kinds.count("response.completed") + kinds.count("response.incomplete") == 1
         still_works(ws)
     assert outcomes  # which won each time is the server's timing, not the test's to fix
+
+
+def test_the_switch_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="interrupts must be True or False"):
+        WebSocketModeMiddleware(Scripted(), interrupts="yes")  # type: ignore[arg-type]
