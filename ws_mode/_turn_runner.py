@@ -376,6 +376,7 @@ class TurnRunner:
         """Put in `record` how the turn's response ended and what it sent."""
         record.response_id = stream.response_id
         record.steered = stream.steered
+        record.interrupted = stream.interruption is not None
         record.bytes_out += stream.bytes_out
         self.connection.bytes_out += stream.bytes_out
         if not stream.finished:

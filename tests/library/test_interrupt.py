@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from websockets.sync.client import ClientConnection, connect
 
 from tests.servers import serve
@@ -392,3 +395,20 @@ def test_an_interrupt_racing_the_response_end_leaves_one_outcome_and_the_socket_
 def test_the_switch_must_be_a_boolean() -> None:
     with pytest.raises(ConfigError, match="interrupts must be True or False"):
         WebSocketModeMiddleware(Scripted(), interrupts="yes")  # type: ignore[arg-type]
+
+
+def test_the_turn_s_span_says_it_was_interrupted() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = WebSocketModeMiddleware(Scripted(), tracer_provider=provider)
+    with serve(app) as base, connect(base.replace("http", "ws") + "/v1/responses") as ws:
+        target, _ = start(ws, "slow")
+        ws.send(interrupt(target))
+        read_until(ws, TERMINAL, [])
+        still_works(ws)
+    wait_for(lambda: sum(s.name == "response.create" for s in exporter.get_finished_spans()) == 2)
+    provider.shutdown()
+    spans = [span for span in exporter.get_finished_spans() if span.name == "response.create"]
+    flags = [(span.attributes or {}).get("ws_mode.interrupted") for span in spans]
+    assert flags == [True, None]  # the interrupted turn, then the warm-up
