@@ -47,6 +47,9 @@ CLOSE_TIMEOUT: Final = 2.0
 #: ``response.completed`` the whole response), far less than the history a client sends in
 #: one create (whole histories with screenshots), which that limit is sized for.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+#: What one message read costs beyond its text, as :attr:`SyncSocket.received` counts it: the
+#: event it decodes to (a small event's dict and strings take several times its text).
+MESSAGE_OVERHEAD: Final = 512
 
 Event = dict[str, Any]
 FrameKind = Literal["binary_frame", "not_json", "not_object"]
@@ -77,6 +80,28 @@ class FrameError(ValueError):
 
 class SocketClosed(ConnectionError):
     """The socket closed (or failed) before the event asked for arrived."""
+
+
+class ReadLimitExceeded(Exception):
+    """The socket's messages passed what the caller holds of one socket
+    (:func:`check_received`): ``received`` bytes against ``limit``."""
+
+    def __init__(self, limit: int, received: int) -> None:
+        self.limit = limit
+        self.received = received
+        super().__init__(
+            f"the server sent more than {limit} bytes of messages on one socket ({received} "
+            f"bytes, each message counted with {MESSAGE_OVERHEAD} bytes for the event it "
+            "decodes to)"
+        )
+
+
+def check_received(socket: SyncSocket | AsyncSocket, limit: int) -> None:
+    """:class:`ReadLimitExceeded` once the messages ``socket`` read (:attr:`SyncSocket.received`)
+    pass ``limit``. The message limit bounds one message; this bounds how much a reader that
+    keeps what it reads (a checker keeping a turn's events) can be made to keep."""
+    if socket.received > limit:
+        raise ReadLimitExceeded(limit, socket.received)
 
 
 class MessageTooLarge(SocketClosed):
@@ -177,6 +202,8 @@ class SyncSocket:
     ) -> None:
         self.connection = connection
         self._opened = opened
+        #: The messages read so far, their sizes plus :data:`MESSAGE_OVERHEAD` each.
+        self.received = 0
 
     def __enter__(self) -> SyncSocket:
         return self
@@ -197,6 +224,7 @@ class SyncSocket:
             frame = self.connection.recv(timeout=timeout)
         except ConnectionClosed as exc:
             raise _closed(exc, self.connection) from exc
+        self.received += len(frame) + MESSAGE_OVERHEAD
         return _frame_event(frame)
 
     def iter_turn(
@@ -268,6 +296,8 @@ class AsyncSocket:
 
     def __init__(self, connection: AsyncConnection) -> None:
         self.connection = connection
+        #: As :attr:`SyncSocket.received`.
+        self.received = 0
         self._lanes: dict[str | None, asyncio.Queue[Event]] | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -287,9 +317,11 @@ class AsyncSocket:
         """The next frame as it came, undecoded; :class:`SocketClosed`
         (:class:`MessageTooLarge` past the client's limit)."""
         try:
-            return await self.connection.recv()
+            frame = await self.connection.recv()
         except ConnectionClosed as exc:
             raise _closed(exc, self.connection) from exc
+        self.received += len(frame) + MESSAGE_OVERHEAD
+        return frame
 
     async def receive(self) -> Event:
         """The next event (of the socket, not of a lane); like :meth:`SyncSocket.receive`.
@@ -328,6 +360,7 @@ class AsyncSocket:
     ) -> None:
         try:
             async for frame in self.connection:
+                self.received += len(frame) + MESSAGE_OVERHEAD
                 try:
                     event = _frame_event(frame)
                 except FrameError as exc:

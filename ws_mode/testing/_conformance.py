@@ -33,8 +33,10 @@ from ._client import (
     DEFAULT_PATH,
     FrameError,
     MessageTooLarge,
+    ReadLimitExceeded,
     SocketClosed,
     SyncSocket,
+    check_received,
     connect,
 )
 from ._program import Step
@@ -81,7 +83,8 @@ class ConformanceOptions:
     server answers with 429 (and its rate-limit headers): the ``error.headers`` case is skipped
     without it. ``create_fields`` are sent in every ``response.create`` (``{"store": false}``,
     a model's settings), under the case's own fields. ``max_message_bytes`` bounds each
-    message read from the endpoint: a larger one fails the case (:class:`MessageTooLarge`)."""
+    message read from the endpoint, and the most one socket's messages may total: more
+    fails the case (:class:`MessageTooLarge`, :class:`ReadLimitExceeded`)."""
 
     path: str = DEFAULT_PATH
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -137,7 +140,7 @@ class ConformanceCase:
         except TimeoutError:
             outcome = "failed"
             detail = f"no answer within {(options or ConformanceOptions()).timeout:g} s"
-        except MessageTooLarge as exc:
+        except (MessageTooLarge, ReadLimitExceeded) as exc:
             outcome, detail = "failed", str(exc)
         except SocketClosed as exc:
             outcome, detail = "failed", f"the socket closed: {str(exc).partition('; then')[0]}"
@@ -290,11 +293,15 @@ class Probe:
 
     def receive(self, socket: SyncSocket, timeout: float | None = None) -> dict[str, Any]:
         """The next event, checked to be one; TimeoutError after ``timeout`` (default: the
-        options' timeout)."""
+        options' timeout). :class:`ReadLimitExceeded` once the socket's messages pass the
+        options' ``max_message_bytes`` in all: a case's socket carries a few short turns,
+        and every case reads through here, whatever it keeps."""
         try:
-            return check_type(socket.receive(self.timeout if timeout is None else timeout))
+            event = check_type(socket.receive(self.timeout if timeout is None else timeout))
         except FrameError as exc:
             raise frame_failure(exc.kind, exc.frame) from None
+        check_received(socket, self.options.max_message_bytes)
+        return event
 
     def read_until(
         self,

@@ -3,6 +3,7 @@ larger than the checker reads (``--max-message-bytes``). Each check that reads s
 fails with the limit named, the others go on, the run exits 1, and nothing prints or logs a
 traceback; the checker never reads the frame (websockets refuses it at its header), which is
 what bounds its memory (measured in docs/deployment.md: 42 MiB of RSS against 256 MiB frames).
+A flood of small events is bounded by the same limit, over all the messages of a socket.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ import pytest
 
 from tests.hostile_endpoint import hostile_endpoint
 from tests.toolkit.cli.checks import FAST, flat, row, run
+from ws_mode.testing._client import MESSAGE_OVERHEAD, ReadLimitExceeded
+from ws_mode.testing._program import Step
+from ws_mode.toolkit.check import (
+    CheckOptions,
+    Target,
+    open_socket,
+    response_create,
+    run_turn,
+    too_large_detail,
+)
 from ws_mode.toolkit.cli import main
 
 MiB = 1024 * 1024
@@ -84,3 +95,23 @@ def test_answers_within_the_limit_are_read(
 def test_the_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "http://127.0.0.1:9", "--max-message-bytes", "0"]) == 1
     assert "--max-message-bytes must be at least 1 byte" in capsys.readouterr().err
+
+
+def test_a_flood_of_small_events_is_bounded_by_the_same_limit() -> None:
+    """An endpoint that never ends a turn, sending 1 KiB deltas as fast as it can: the turn the
+    checker reads stops once the socket's messages pass the limit (each counted with what its
+    event costs), where it read until --timeout before (4 GiB of RSS in 5 s, measured). The
+    run's table says it as the oversized message's does (``too_large_detail``)."""
+    options = CheckOptions(timeout=30, max_message_bytes=1 * MiB)
+    request = response_create(options, "hi", generate=False)
+    with (
+        hostile_endpoint(1024, flood=True) as url,
+        open_socket(Target(url, "/v1/responses"), options) as socket,
+        pytest.raises(ReadLimitExceeded) as stopped,
+    ):
+        run_turn(socket, request, options, Step(generate=False))
+    assert stopped.value.limit == 1 * MiB
+    assert 1 * MiB < stopped.value.received <= 1 * MiB + 1024 + MESSAGE_OVERHEAD
+    assert too_large_detail(stopped.value).startswith(
+        "the endpoint sent more than --max-message-bytes (1048576 B) of messages on one socket"
+    )

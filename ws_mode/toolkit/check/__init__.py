@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from ws_mode.testing._client import MessageTooLarge, SocketClosed, SyncSocket
+from ws_mode.testing._client import MessageTooLarge, ReadLimitExceeded, SocketClosed, SyncSocket
 from ws_mode.testing._report import TurnFailed
 
 from .basic import (
@@ -250,7 +250,7 @@ def _run_guarded(name: str, options: CheckOptions, run: Callable[[], CheckResult
         return CheckResult.failed(name, detail, "protocol")
     except TimeoutError:
         return CheckResult.failed(name, f"no answer within {options.timeout:g} s", "model")
-    except MessageTooLarge as exc:  # before SocketClosed: the checker's own limit, named
+    except (MessageTooLarge, ReadLimitExceeded) as exc:  # the checker's own limit, named
         return CheckResult.failed(name, too_large_detail(exc), "answer_too_large")
     except (SocketClosed, ConnectionClosed) as exc:
         why = str(exc).partition("; then")[0]

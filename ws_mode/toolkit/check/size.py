@@ -30,7 +30,9 @@ from ws_mode.testing._client import (
     AsyncSocket,
     FrameError,
     MessageTooLarge,
+    ReadLimitExceeded,
     SocketClosed,
+    check_received,
     connect_async,
 )
 from ws_mode.testing._program import Step
@@ -156,7 +158,8 @@ async def _probe_size(target: Target, options: CheckOptions, size: int) -> SizeP
                 await socket.send(request)
                 while not events or events[-1]["type"] not in TERMINAL_EVENTS:
                     events.append(check_type(await socket.receive()))
-        except MessageTooLarge as exc:  # the answer, not the message sent, was too large
+                    check_received(socket, options.max_message_bytes)
+        except (MessageTooLarge, ReadLimitExceeded) as exc:  # the answer, not the message sent
             return SizeProbe(size, False, "answer_too_large", too_large_detail(exc))
         except (ConnectionClosed, SocketClosed, OSError):
             return await _closed_probe(socket, size)

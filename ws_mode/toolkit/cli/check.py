@@ -146,9 +146,10 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         # The kit's client's DEFAULT_MAX_MESSAGE_BYTES, not imported: it needs websockets.
         default=64 * MiB,
         metavar="SIZE",
-        help="the largest message read from the endpoint: a larger one fails its check, the "
-        "checker closing the socket (1009) without reading it, so that an endpoint cannot "
-        "make the checker hold more (default: 64MiB)",
+        help="the largest message read from the endpoint, and the most one socket's messages "
+        "may total: more fails the check (a larger message is not read, the checker closing "
+        "the socket with 1009), so that an endpoint cannot make the checker hold more "
+        "(default: 64MiB)",
     )
     check.add_argument(
         "--all",
