@@ -12,6 +12,11 @@ optionally the terminal event of one ``stream_id`` lane (:func:`ends_turn`):
   (:meth:`AsyncSocket.demultiplex` hands each lane the events of its ``stream_id``), and the
   forwarding microbenchmark.
 
+Both read messages of at most ``max_message_bytes`` (:data:`DEFAULT_MAX_MESSAGE_BYTES`, 64 MiB,
+unless told otherwise): a larger one is refused as its frame header arrives, before its payload
+is read, the client closes the socket with 1009 (message too big), and the read raises
+:class:`MessageTooLarge`. An endpoint, hostile or broken, cannot make the client hold more.
+
 Needs only websockets (the ``testing`` or ``cli`` extra).
 """
 
@@ -28,6 +33,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.asyncio.client import connect as async_connect
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import connect as sync_connect
 
@@ -36,6 +42,14 @@ from .._protocol import TERMINAL_EVENTS, encode_event
 DEFAULT_PATH: Final = "/v1/responses"
 #: How long closing a socket may take before it is dropped, in seconds.
 CLOSE_TIMEOUT: Final = 2.0
+#: The largest message the client reads, in bytes (decompressed): 64 MiB, ws_mode's own
+#: ``Limits.max_message_bytes``. An answer carries what its turn made (the output, and in
+#: ``response.completed`` the whole response), far less than the history a client sends in
+#: one create (whole histories with screenshots), which that limit is sized for.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+#: What one message read costs beyond its text, as :attr:`SyncSocket.received` counts it: the
+#: event it decodes to (a small event's dict and strings take several times its text).
+MESSAGE_OVERHEAD: Final = 512
 
 Event = dict[str, Any]
 FrameKind = Literal["binary_frame", "not_json", "not_object"]
@@ -66,6 +80,56 @@ class FrameError(ValueError):
 
 class SocketClosed(ConnectionError):
     """The socket closed (or failed) before the event asked for arrived."""
+
+
+class ReadLimitExceeded(Exception):
+    """The socket's messages passed what the caller holds of one socket
+    (:func:`check_received`): ``received`` bytes against ``limit``."""
+
+    def __init__(self, limit: int, received: int) -> None:
+        self.limit = limit
+        self.received = received
+        super().__init__(
+            f"the server sent more than {limit} bytes of messages on one socket ({received} "
+            f"bytes, each message counted with {MESSAGE_OVERHEAD} bytes for the event it "
+            "decodes to)"
+        )
+
+
+def check_received(socket: SyncSocket | AsyncSocket, limit: int) -> None:
+    """:class:`ReadLimitExceeded` once the messages ``socket`` read (:attr:`SyncSocket.received`)
+    pass ``limit``. The message limit bounds one message; this bounds how much a reader that
+    keeps what it reads (a checker keeping a turn's events) can be made to keep."""
+    if socket.received > limit:
+        raise ReadLimitExceeded(limit, socket.received)
+
+
+class MessageTooLarge(SocketClosed):
+    """The server sent a message larger than the client's ``max_message_bytes`` (``limit``),
+    so the client closed the socket with 1009 without reading it; ``size`` is its frame's
+    size when the frame's header gave it (None when it came compressed and was refused once
+    its decompressed size passed the limit)."""
+
+    def __init__(self, limit: int | None, size: int | None) -> None:
+        self.limit = limit
+        self.size = size
+        what = "a message" if size is None else f"a message of {size} bytes"
+        super().__init__(
+            f"the server sent {what}, over the client's limit of {limit} bytes "
+            "(max_message_bytes): the client closed the socket with 1009 without reading it"
+        )
+
+
+def _closed(exc: ConnectionClosed, connection: SyncConnection | AsyncConnection) -> SocketClosed:
+    """What a socket's close means to the caller: :class:`MessageTooLarge` when the client
+    itself closed with 1009 (websockets does, and only, when a message passes its
+    ``max_size``), else :class:`SocketClosed`."""
+    if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG and exc.rcvd is None:
+        protocol = connection.protocol
+        # websockets' parser keeps what it refused: PayloadTooBig, with the frame's size.
+        size = getattr(protocol.parser_exc, "size", None)
+        return MessageTooLarge(protocol.max_size, size if isinstance(size, int) else None)
+    return SocketClosed(str(exc))
 
 
 def socket_url(base_url: str, path: str = DEFAULT_PATH) -> str:
@@ -112,11 +176,13 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _options(headers: Mapping[str, str] | None, compression: bool) -> dict[str, Any]:
+def _options(
+    headers: Mapping[str, str] | None, compression: bool, max_message_bytes: int | None
+) -> dict[str, Any]:
     return {
         "additional_headers": dict(headers or {}),
         "compression": "deflate" if compression else None,
-        "max_size": None,
+        "max_size": max_message_bytes,
         "proxy": None,
         "close_timeout": CLOSE_TIMEOUT,
     }
@@ -136,6 +202,8 @@ class SyncSocket:
     ) -> None:
         self.connection = connection
         self._opened = opened
+        #: The messages read so far, their sizes plus :data:`MESSAGE_OVERHEAD` each.
+        self.received = 0
 
     def __enter__(self) -> SyncSocket:
         return self
@@ -150,12 +218,13 @@ class SyncSocket:
         return len(frame.encode())
 
     def receive(self, timeout: float | None = None) -> Event:
-        """The next event; TimeoutError after ``timeout`` seconds, :class:`SocketClosed`,
-        :class:`FrameError`."""
+        """The next event; TimeoutError after ``timeout`` seconds, :class:`SocketClosed`
+        (:class:`MessageTooLarge` past the client's limit), :class:`FrameError`."""
         try:
             frame = self.connection.recv(timeout=timeout)
         except ConnectionClosed as exc:
-            raise SocketClosed(str(exc)) from exc
+            raise _closed(exc, self.connection) from exc
+        self.received += len(frame) + MESSAGE_OVERHEAD
         return _frame_event(frame)
 
     def iter_turn(
@@ -191,12 +260,15 @@ def connect(
     open_timeout: float | None = 60.0,
     compression: bool = True,
     pings: bool = True,
+    max_message_bytes: int | None = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> SyncSocket:
     """Open a socket at :func:`socket_url` ``(base_url, path)``; ``pings=False`` opens it
-    without keep-alive pings (as a client that never pings sees a deployment). Raises what
-    ``websockets.sync.client.connect`` raises (InvalidURI, InvalidHandshake, TimeoutError,
-    OSError)."""
-    options = _options(headers, compression)
+    without keep-alive pings (as a client that never pings sees a deployment). The socket
+    reads messages of at most ``max_message_bytes`` (None: any size, which lets the server
+    decide how much memory the client takes); a larger one raises :class:`MessageTooLarge`.
+    Raises what ``websockets.sync.client.connect`` raises (InvalidURI, InvalidHandshake,
+    TimeoutError, OSError)."""
+    options = _options(headers, compression, max_message_bytes)
     if not pings:
         options["ping_interval"] = None
     # websockets' sync connect() is a context manager: entered, it opens the connection, in
@@ -224,6 +296,8 @@ class AsyncSocket:
 
     def __init__(self, connection: AsyncConnection) -> None:
         self.connection = connection
+        #: As :attr:`SyncSocket.received`.
+        self.received = 0
         self._lanes: dict[str | None, asyncio.Queue[Event]] | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -240,11 +314,14 @@ class AsyncSocket:
         return len(frame.encode())
 
     async def receive_frame(self) -> str | bytes:
-        """The next frame as it came, undecoded; :class:`SocketClosed`."""
+        """The next frame as it came, undecoded; :class:`SocketClosed`
+        (:class:`MessageTooLarge` past the client's limit)."""
         try:
-            return await self.connection.recv()
+            frame = await self.connection.recv()
         except ConnectionClosed as exc:
-            raise SocketClosed(str(exc)) from exc
+            raise _closed(exc, self.connection) from exc
+        self.received += len(frame) + MESSAGE_OVERHEAD
+        return frame
 
     async def receive(self) -> Event:
         """The next event (of the socket, not of a lane); like :meth:`SyncSocket.receive`.
@@ -273,7 +350,8 @@ class AsyncSocket:
         """Read the socket in a task from now on, handing each event to the queue of its
         ``stream_id`` (None: the default lane), so concurrent turns on different lanes each
         read their own. What fits no lane goes to ``on_error``: ``binary_frame``, ``not_json``,
-        ``not_object``, ``unknown_stream_id``, ``socket:<exception>``."""
+        ``not_object``, ``unknown_stream_id``, ``message_too_large`` (a message past the
+        client's limit, :class:`MessageTooLarge`), ``socket:<exception>``."""
         self._lanes = {lane: asyncio.Queue() for lane in lanes}
         self._reader = asyncio.create_task(self._read(self._lanes, on_error))
 
@@ -282,6 +360,7 @@ class AsyncSocket:
     ) -> None:
         try:
             async for frame in self.connection:
+                self.received += len(frame) + MESSAGE_OVERHEAD
                 try:
                     event = _frame_event(frame)
                 except FrameError as exc:
@@ -292,6 +371,12 @@ class AsyncSocket:
                     on_error("unknown_stream_id", repr(frame[:200]))
                     continue
                 queue.put_nowait(event)
+        except ConnectionClosed as exc:
+            closed = _closed(exc, self.connection)
+            if isinstance(closed, MessageTooLarge):
+                on_error("message_too_large", str(closed))
+            else:
+                on_error(f"socket:{type(exc).__name__}", str(exc))
         except Exception as exc:  # the connection failed: each waiting lane hears it below
             on_error(f"socket:{type(exc).__name__}", str(exc))
         finally:
@@ -316,9 +401,12 @@ async def connect_async(
     headers: Mapping[str, str] | None = None,
     open_timeout: float | None = 60.0,
     compression: bool = True,
+    max_message_bytes: int | None = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> AsyncSocket:
-    """Open a socket at :func:`socket_url` ``(base_url, path)``, like :func:`connect`."""
+    """Open a socket at :func:`socket_url` ``(base_url, path)``, like :func:`connect`
+    (``max_message_bytes`` too)."""
+    options = _options(headers, compression, max_message_bytes)
     connection = await async_connect(
-        socket_url(base_url, path), open_timeout=open_timeout, **_options(headers, compression)
+        socket_url(base_url, path), open_timeout=open_timeout, **options
     )
     return AsyncSocket(connection)

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from .._protocol import TERMINAL_EVENTS
-from ._client import DEFAULT_PATH, FrameError, SocketClosed, SyncSocket, connect
+from ._client import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PATH,
+    FrameError,
+    MessageTooLarge,
+    ReadLimitExceeded,
+    SocketClosed,
+    SyncSocket,
+    check_received,
+    connect,
+)
 from ._program import Step
 from ._report import TurnFailed
 from ._validation import check_events, check_type, frame_failure
@@ -72,7 +82,9 @@ class ConformanceOptions:
     skipped without it. ``rate_limited_request`` holds fields of a ``response.create`` the
     server answers with 429 (and its rate-limit headers): the ``error.headers`` case is skipped
     without it. ``create_fields`` are sent in every ``response.create`` (``{"store": false}``,
-    a model's settings), under the case's own fields."""
+    a model's settings), under the case's own fields. ``max_message_bytes`` bounds each
+    message read from the endpoint, and the most one socket's messages may total: more
+    fails the case (:class:`MessageTooLarge`, :class:`ReadLimitExceeded`)."""
 
     path: str = DEFAULT_PATH
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -81,6 +93,7 @@ class ConformanceOptions:
     connection_lifetime: float | None = None
     rate_limited_request: Mapping[str, Any] | None = None
     create_fields: Mapping[str, Any] = field(default_factory=dict)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,8 @@ class ConformanceCase:
         except TimeoutError:
             outcome = "failed"
             detail = f"no answer within {(options or ConformanceOptions()).timeout:g} s"
+        except (MessageTooLarge, ReadLimitExceeded) as exc:
+            outcome, detail = "failed", str(exc)
         except SocketClosed as exc:
             outcome, detail = "failed", f"the socket closed: {str(exc).partition('; then')[0]}"
         except OSError as exc:
@@ -261,6 +276,7 @@ class Probe:
             self.options.path,
             headers=self.options.headers,
             open_timeout=self.options.timeout,
+            max_message_bytes=self.options.max_message_bytes,
         )
         return self._sockets.enter_context(socket)
 
@@ -277,11 +293,15 @@ class Probe:
 
     def receive(self, socket: SyncSocket, timeout: float | None = None) -> dict[str, Any]:
         """The next event, checked to be one; TimeoutError after ``timeout`` (default: the
-        options' timeout)."""
+        options' timeout). :class:`ReadLimitExceeded` once the socket's messages pass the
+        options' ``max_message_bytes`` in all: a case's socket carries a few short turns,
+        and every case reads through here, whatever it keeps."""
         try:
-            return check_type(socket.receive(self.timeout if timeout is None else timeout))
+            event = check_type(socket.receive(self.timeout if timeout is None else timeout))
         except FrameError as exc:
             raise frame_failure(exc.kind, exc.frame) from None
+        check_received(socket, self.options.max_message_bytes)
+        return event
 
     def read_until(
         self,

@@ -1,22 +1,27 @@
 """The tools' clients (`ws_mode.testing._client`, `ws_mode.toolkit.http_client`) against the
 reference server under a real uvicorn: a turn read to its terminal event, on any lane or on
 one; lanes of one asyncio socket demultiplexed; frames that are no event, a closed socket and
-HTTP failures each reported as what they are."""
+HTTP failures each reported as what they are; a message past the client's limit refused
+(against a hostile endpoint, `tests.hostile_endpoint`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Final
 
 import orjson
 import pytest
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from tests.hostile_endpoint import hostile_endpoint
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.testing._client import (
     ANY_LANE,
+    DEFAULT_MAX_MESSAGE_BYTES,
     FrameError,
+    MessageTooLarge,
     SocketClosed,
     connect,
     connect_async,
@@ -161,6 +166,70 @@ def test_an_async_socket_lane_hears_the_close(base_url: str) -> None:
     with pytest.raises(SocketClosed):
         asyncio.run(main())
     assert errors == ["binary_frame", "not_json", "not_object"]
+
+
+MiB: Final = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def hostile_url() -> Iterator[str]:
+    """An endpoint answering each message with one 8 MiB frame."""
+    with hostile_endpoint(8 * MiB) as url:
+        yield url
+
+
+@pytest.mark.parametrize("compression", [False, True], ids=["plain", "deflate"])
+def test_a_message_past_the_limit_is_refused_with_a_clear_error(
+    hostile_url: str, compression: bool
+) -> None:
+    """Refused at the frame's header, or (compressed) once its decompressed size passes the
+    limit: the client closes with 1009 and names the limit, and the frame's size when the
+    header gave it."""
+    with connect(hostile_url, max_message_bytes=1 * MiB, compression=compression) as socket:
+        socket.send(create("hi"))
+        with pytest.raises(MessageTooLarge) as refused:
+            socket.receive(timeout=10)
+        assert socket.connection.close_code is not None  # closed, not left half-read
+    assert refused.value.limit == 1 * MiB
+    assert refused.value.size == (None if compression else 8 * MiB)
+    assert "over the client's limit of 1048576 bytes (max_message_bytes)" in str(refused.value)
+    assert "closed the socket with 1009" in str(refused.value)
+    assert isinstance(refused.value, SocketClosed)  # what callers already catch
+
+
+def test_an_async_socket_refuses_a_message_past_the_limit(hostile_url: str) -> None:
+    errors: list[str] = []
+
+    async def main() -> None:
+        async with await connect_async(hostile_url, max_message_bytes=1 * MiB) as socket:
+            await socket.send(create("hi"))
+            async with asyncio.timeout(10):
+                with pytest.raises(MessageTooLarge):
+                    await socket.receive()
+        # Demultiplexed, the lanes hear the close and the error says why.
+        async with await connect_async(hostile_url, max_message_bytes=1 * MiB) as socket:
+            socket.demultiplex([None], lambda kind, detail: errors.append(kind))
+            await socket.send(create("hi"))
+            async with asyncio.timeout(10):
+                with pytest.raises(SocketClosed):
+                    await socket.receive_turn()
+
+    asyncio.run(main())
+    assert errors == ["message_too_large"]
+
+
+def test_the_default_limit_is_64_mib(base_url: str) -> None:
+    """Without ``max_message_bytes`` both clients read at most 64 MiB (not any size); a
+    frame that large is not sent here, websockets' own refusal is what the tests above see."""
+    assert 64 * MiB == DEFAULT_MAX_MESSAGE_BYTES
+    with connect(base_url) as socket:
+        assert socket.connection.protocol.max_size == DEFAULT_MAX_MESSAGE_BYTES
+
+    async def opened() -> int | None:
+        async with await connect_async(base_url) as socket:
+            return socket.connection.protocol.max_size
+
+    assert asyncio.run(opened()) == DEFAULT_MAX_MESSAGE_BYTES
 
 
 def test_the_http_client_streams_a_turn_and_reports_failures(base_url: str) -> None:

@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from ws_mode.testing._client import SocketClosed, SyncSocket
+from ws_mode.testing._client import MessageTooLarge, ReadLimitExceeded, SocketClosed, SyncSocket
 from ws_mode.testing._report import TurnFailed
 
 from .basic import (
@@ -93,6 +93,7 @@ from .results import (
     require_finished,
     response_create,
     run_turn,
+    too_large_detail,
 )
 from .size import (
     LARGEST_MESSAGE,
@@ -148,6 +149,7 @@ __all__ = [
     "run_turn",
     "slow_pings_hint",
     "time_server_pings",
+    "too_large_detail",
     "wait_idle",
 ]
 
@@ -248,6 +250,8 @@ def _run_guarded(name: str, options: CheckOptions, run: Callable[[], CheckResult
         return CheckResult.failed(name, detail, "protocol")
     except TimeoutError:
         return CheckResult.failed(name, f"no answer within {options.timeout:g} s", "model")
+    except (MessageTooLarge, ReadLimitExceeded) as exc:  # the checker's own limit, named
+        return CheckResult.failed(name, too_large_detail(exc), "answer_too_large")
     except (SocketClosed, ConnectionClosed) as exc:
         why = str(exc).partition("; then")[0]
         return CheckResult.failed(name, f"the socket closed during the turn: {why}", "closed")

@@ -16,9 +16,7 @@ import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from ws_mode._protocol import TERMINAL_EVENTS
-from ws_mode.testing._client import (
-    SyncSocket,
-)
+from ws_mode.testing._client import SyncSocket, check_received
 from ws_mode.testing._expected import new_input
 from ws_mode.testing._items import as_items
 from ws_mode.testing._program import Step
@@ -196,6 +194,7 @@ def check_lanes(socket: SyncSocket, options: CheckOptions) -> CheckResult:
     deadline = time.monotonic() + options.timeout
     while any(not lane or lane[-1]["type"] not in TERMINAL_EVENTS for lane in events.values()):
         event = read_event(socket, max(0.0, deadline - time.monotonic()))
+        check_received(socket, options.max_message_bytes)
         lane = event.get("stream_id")
         if lane not in events:
             raise TurnFailed(

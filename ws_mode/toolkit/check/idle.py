@@ -24,6 +24,7 @@ from websockets.sync.client import connect as sync_connect
 
 from ws_mode.testing._client import (
     CLOSE_TIMEOUT,
+    MessageTooLarge,
     SocketClosed,
     SyncSocket,
 )
@@ -107,7 +108,8 @@ def open_ping_timed_socket(
     """A socket like ``open_socket(target, options, pings=False)``, whose connection times
     the pings it gets (:class:`PingTimedConnection`)."""
     # websockets' own connect, the only one that takes create_connection; the options are
-    # those of the kit's connect (no compression, no size limit, no proxy), without pings.
+    # those of the kit's connect (no compression, the check's size limit, no proxy), without
+    # pings.
     # Entered as a context manager, as the kit's connect does (websockets 17.1 deprecates
     # using its result directly); the socket's close leaves it.
     opened = contextlib.ExitStack()
@@ -116,7 +118,7 @@ def open_ping_timed_socket(
         additional_headers=dict(options.headers),
         open_timeout=options.timeout,
         compression=None,
-        max_size=None,
+        max_size=options.max_message_bytes,
         proxy=None,
         close_timeout=CLOSE_TIMEOUT,
         ping_interval=None,
@@ -166,6 +168,8 @@ def wait_idle(
             event = read_event(socket, max(0.0, wake - now))
         except TimeoutError:
             pass
+        except MessageTooLarge:  # the checker's own limit, not a hop's close: the run says so
+            raise
         except SocketClosed:
             took = time.monotonic() - opened
             return IdleWait(seconds, connection.ping_times(), took, close_code(socket))
@@ -228,6 +232,8 @@ def check_idle_socket(
             return CheckResult.failed(
                 name, detail, IDLE_HINTS["idle_silent"], server_pings=wait.pings
             )
+        except MessageTooLarge:
+            raise
         except (SocketClosed, ConnectionClosed, OSError):
             detail = f"closed when used after {idle:g} s idle (close {close_code(socket)})"
             return CheckResult.failed(name, detail, IDLE_HINTS["idle"], server_pings=wait.pings)

@@ -15,8 +15,13 @@ from typing import Any, Final, Literal
 from ws_mode._protocol import TERMINAL_EVENTS
 from ws_mode.testing._client import (
     CLOSE_TIMEOUT,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MESSAGE_OVERHEAD,
     FrameError,
+    MessageTooLarge,
+    ReadLimitExceeded,
     SyncSocket,
+    check_received,
     connect,
     socket_url,
 )
@@ -95,6 +100,12 @@ HINTS: Final[dict[str, str]] = {
     "balancer's timeout, or a restart; 1011 a server error; 1009 a message over a frame "
     "limit (see the largest message check); 1006 a dropped connection. The server's log "
     "says more.",
+    "answer_too_large": "the endpoint sent more than the checker reads (--max-message-bytes, "
+    "64MiB by default: one message, or one socket's messages in all), so the checker stopped "
+    "reading. An event of WebSocket mode is that large only when the response "
+    "itself is: if yours are, pass a larger --max-message-bytes; if not, look for what "
+    "sends it (the handler, a hop in front, something other than a Responses endpoint at "
+    "this URL).",
 }
 
 
@@ -167,8 +178,10 @@ class Target:
 @dataclass(frozen=True)
 class CheckOptions:
     """How to check: the handshake's ``headers``, the ``model`` to ask for (none sent when
-    None), how long one turn may take (``timeout``), the idle time (0 skips it) and the
-    message sizes probed (``max_probe_bytes`` 0 skips the probe)."""
+    None), how long one turn may take (``timeout``), the idle time (0 skips it), the
+    message sizes probed (``max_probe_bytes`` 0 skips the probe) and the largest message
+    read from the endpoint (``max_message_bytes``, also the most one socket's messages may
+    total: more fails its check, so that an endpoint cannot make the checker hold more)."""
 
     headers: Mapping[str, str] = field(default_factory=dict)
     model: str | None = None
@@ -176,6 +189,7 @@ class CheckOptions:
     idle_seconds: float = 75.0
     min_probe_bytes: int = 64 * KiB
     max_probe_bytes: int = 64 * MiB
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 def open_socket(target: Target, options: CheckOptions, *, pings: bool = True) -> SyncSocket:
@@ -189,6 +203,23 @@ def open_socket(target: Target, options: CheckOptions, *, pings: bool = True) ->
         open_timeout=options.timeout,
         compression=False,
         pings=pings,
+        max_message_bytes=options.max_message_bytes,
+    )
+
+
+def too_large_detail(exc: MessageTooLarge | ReadLimitExceeded) -> str:
+    """A check's detail when the endpoint sent a message past ``max_message_bytes``, or
+    more than that in all on one socket."""
+    if isinstance(exc, ReadLimitExceeded):
+        return (
+            f"the endpoint sent more than --max-message-bytes ({exc.limit} B) of messages on "
+            f"one socket ({exc.received} B, each counted with {MESSAGE_OVERHEAD} B for its "
+            "event): the checker stopped reading"
+        )
+    what = "a message" if exc.size is None else f"a message of {exc.size} B"
+    return (
+        f"the endpoint sent {what}, over --max-message-bytes ({exc.limit} B): the checker "
+        "closed the socket (1009) without reading it"
     )
 
 
@@ -259,6 +290,7 @@ def run_turn(
     events: list[dict[str, Any]] = []
     while not events or events[-1]["type"] not in TERMINAL_EVENTS:
         events.append(read_event(socket, max(0.0, deadline - time.monotonic())))
+        check_received(socket, options.max_message_bytes)
     return checked_turn(request, events, step, earlier)
 
 

@@ -29,7 +29,10 @@ from ws_mode.testing._client import (
     CLOSE_TIMEOUT,
     AsyncSocket,
     FrameError,
+    MessageTooLarge,
+    ReadLimitExceeded,
     SocketClosed,
+    check_received,
     connect_async,
 )
 from ws_mode.testing._program import Step
@@ -47,6 +50,7 @@ from .results import (
     Target,
     checked_turn,
     response_create,
+    too_large_detail,
 )
 
 LARGEST_MESSAGE: Final = "largest message"
@@ -83,6 +87,7 @@ _PROBE_FAILURE_HINTS: Final = {
     "413": SIZE_HINTS["too_large_413"],
     "error": HINTS["protocol"],
     "protocol": HINTS["protocol"],
+    "answer_too_large": HINTS["answer_too_large"],
 }
 
 
@@ -98,7 +103,8 @@ _DEFAULT_LIMITS: Final = {
 class SizeProbe:
     """One size sent: whether it got through, else how it failed (``failure``: ``1009``,
     ``dropped``, ``close``, ``413``, ``handshake``, ``message_too_large``, ``error``,
-    ``no_answer`` or ``protocol``) and in words (``detail``)."""
+    ``no_answer``, ``protocol`` or ``answer_too_large``: the endpoint's answer was larger
+    than ``max_message_bytes``) and in words (``detail``)."""
 
     size: int
     ok: bool
@@ -136,6 +142,7 @@ async def _probe_size(target: Target, options: CheckOptions, size: int) -> SizeP
             headers=options.headers,
             open_timeout=options.timeout,
             compression=False,
+            max_message_bytes=options.max_message_bytes,
         )
     except InvalidStatus as exc:
         status = exc.response.status_code
@@ -151,6 +158,9 @@ async def _probe_size(target: Target, options: CheckOptions, size: int) -> SizeP
                 await socket.send(request)
                 while not events or events[-1]["type"] not in TERMINAL_EVENTS:
                     events.append(check_type(await socket.receive()))
+                    check_received(socket, options.max_message_bytes)
+        except (MessageTooLarge, ReadLimitExceeded) as exc:  # the answer, not the message sent
+            return SizeProbe(size, False, "answer_too_large", too_large_detail(exc))
         except (ConnectionClosed, SocketClosed, OSError):
             return await _closed_probe(socket, size)
         except TimeoutError:
@@ -245,6 +255,9 @@ def check_largest_message(
         top = options.max_probe_bytes
         detail = f"≥ {format_bytes(top)}: every size up to {top} B got through"
         return CheckResult.ok(LARGEST_MESSAGE, f"{detail} ({len(probes)} probes)", **data)
+    if failed.failure == "answer_too_large":  # the answer failed, whatever the size sent
+        detail = f"the answer to a {failed.size} B message: {failed.detail}"
+        return CheckResult.failed(LARGEST_MESSAGE, detail, HINTS["answer_too_large"], **data)
     if passed is None:
         detail = (
             f"not even {failed.size} B ({format_bytes(failed.size)}) got through: {failed.detail}"

@@ -141,6 +141,17 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "probe (default: 64MiB, ws_mode's Limits.max_message_bytes)",
     )
     check.add_argument(
+        "--max-message-bytes",
+        type=parse_size,
+        # The kit's client's DEFAULT_MAX_MESSAGE_BYTES, not imported: it needs websockets.
+        default=64 * MiB,
+        metavar="SIZE",
+        help="the largest message read from the endpoint, and the most one socket's messages "
+        "may total: more fails the check (a larger message is not read, the checker closing "
+        "the socket with 1009), so that an endpoint cannot make the checker hold more "
+        "(default: 64MiB)",
+    )
+    check.add_argument(
         "--all",
         action="store_true",
         help="also run every conformance case (WebSocket mode's rules, one case each; see "
@@ -229,6 +240,8 @@ def run_check(args: argparse.Namespace) -> int:
     chosen = _chosen_cases(args) if args.all or args.case else None
     if args.max_probe_bytes and args.min_probe_bytes > args.max_probe_bytes:
         raise CommandError("--min-probe-bytes is larger than --max-probe-bytes")
+    if args.max_message_bytes < 1:
+        raise CommandError("--max-message-bytes must be at least 1 byte")
     options = CheckOptions(
         headers=_headers(args),
         model=args.model,
@@ -236,6 +249,7 @@ def run_check(args: argparse.Namespace) -> int:
         idle_seconds=args.idle,
         min_probe_bytes=max(1, args.min_probe_bytes),
         max_probe_bytes=args.max_probe_bytes,
+        max_message_bytes=args.max_message_bytes,
     )
     target = Target(base, path)
 
@@ -311,6 +325,7 @@ def _run_cases(
         connection_lifetime=args.connection_lifetime,
         rate_limited_request=args.rate_limited_request,
         create_fields=args.create_fields,
+        max_message_bytes=options.max_message_bytes,
     )
     if not handshake_ok:
         results = [
