@@ -1,8 +1,9 @@
-"""Client events: each text frame parsed and validated into a create or a steer.
+"""Client events: each text frame parsed and validated into a create, a steer or an interrupt.
 
 Every client frame is one JSON object. `parse_client_event` turns a text frame into a
-`CreateEvent` or a `SteerEvent`, or raises `ProtocolError`, which the connection answers with
-an error event (docs/protocol.md, "Errors") before reading the next frame.
+`CreateEvent`, a `SteerEvent` or an `InterruptEvent`, or raises `ProtocolError`, which the
+connection answers with an error event (docs/protocol.md, "Errors") before reading the next
+frame.
 """
 
 from __future__ import annotations
@@ -174,10 +175,23 @@ class ProcessedEvent:
     response_id: Any
 
 
-_EVENTS = ("response.create", "response.steer", "response.processed")
+#: The one way `response.interrupt` ends a response: the items still open are dropped (each
+#: gets `response.output_item.interrupted`), the finished ones kept.
+INTERRUPT_MODE: Final = "discard_partial_items"
 
 
-def parse_client_event(text: str) -> CreateEvent | SteerEvent | ProcessedEvent:
+@dataclass(slots=True)
+class InterruptEvent:
+    """A `response.interrupt`: stop the response `response_id` now (Codex sends it). Fields
+    besides `type`, `response_id` and `mode` are not read."""
+
+    response_id: str
+
+
+_EVENTS = ("response.create", "response.steer", "response.interrupt", "response.processed")
+
+
+def parse_client_event(text: str) -> CreateEvent | SteerEvent | InterruptEvent | ProcessedEvent:
     """Parse and validate one text frame; raise `ProtocolError` when it is not acceptable."""
     try:
         data = orjson.loads(text)
@@ -193,6 +207,8 @@ def parse_client_event(text: str) -> CreateEvent | SteerEvent | ProcessedEvent:
         return _parse_create(data, len(text))
     if event_type == "response.steer":
         return _parse_steer(data)
+    if event_type == "response.interrupt":
+        return _parse_interrupt(data)
     if event_type == "response.processed":
         return ProcessedEvent(response_id=data.get("response_id"))
     if event_type is None:
@@ -288,6 +304,30 @@ def _parse_steer(data: dict[str, Any]) -> SteerEvent:
     return SteerEvent(
         previous_response_id=previous_response_id, input=data.get("input"), unexpected=unexpected
     )
+
+
+def _parse_interrupt(data: dict[str, Any]) -> InterruptEvent:
+    response_id = data.get("response_id")
+    if response_id is None:
+        raise ProtocolError(
+            "Missing required parameter: 'response_id'.",
+            code="missing_required_parameter",
+            param="response_id",
+        )
+    if type(response_id) is not str:
+        raise _invalid_type("response_id", "a string")
+    # Absent, it is the one mode there is. Refused before the response is looked up: an
+    # interrupt ws_mode cannot honour as asked stops nothing, and the response runs on.
+    mode = data.get("mode", INTERRUPT_MODE)
+    if mode != INTERRUPT_MODE:
+        shown = repr(mode)[:80] if isinstance(mode, str) else _json_type(mode)
+        raise ProtocolError(
+            f"Invalid value for 'mode': {shown}; the supported value is '{INTERRUPT_MODE}'. "
+            "The response was not interrupted.",
+            code="invalid_value",
+            param="mode",
+        )
+    return InterruptEvent(response_id=response_id)
 
 
 def _invalid_type(

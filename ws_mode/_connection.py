@@ -2,7 +2,8 @@
 
 The receive loop parses each frame into a client event; a bad frame gets an error event and
 the loop goes on. Creates go to the connection's lanes (`lanes.py`), which run each one
-through the turn runner (`turn_runner.py`); a steer goes to the turn runner too. A watchdog
+through the turn runner (`turn_runner.py`); a steer or an interrupt goes to the turn runner
+too. A watchdog
 ends a connection whose client stopped reading; the lifetime limit and a drain end it with
 1001 so clients reconnect. Where the socket is in its life is one `SocketState`.
 """
@@ -24,6 +25,7 @@ from ._budget import PARSE_FACTOR
 from ._cache import ResponseCache
 from ._client_events import (
     CreateEvent,
+    InterruptEvent,
     ProtocolError,
     SteerEvent,
 )
@@ -389,6 +391,8 @@ class Connection:
                 self._submit(event, held_cost(text, event))  # credentials checked when it runs
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
+            elif isinstance(event, InterruptEvent):
+                await self._on_interrupt(event)
             # A `response.processed` acknowledgement needs no answer.
         except ProtocolError as exc:
             # A busy lane answers it after what runs before it.
@@ -405,6 +409,13 @@ class Connection:
     async def _on_steer(self, steer: SteerEvent) -> None:
         await self.check_credentials()
         await self.send_event(self.turns.steer(steer))
+
+    async def _on_interrupt(self, interrupt: InterruptEvent) -> None:
+        # Accepted, the response's turn sends what follows; refused, the refusal goes now.
+        await self.check_credentials()
+        refusal = self.turns.interrupt(interrupt)
+        if refusal is not None:
+            await self.send_event(refusal)
 
     # Requests.
 

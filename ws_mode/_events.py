@@ -64,6 +64,7 @@ class ResponseStream:
         "ended",
         "finished",
         "inbox",
+        "interruption",
         "owner",
         "send_text",
         "steered",
@@ -87,6 +88,9 @@ class ResponseStream:
         self.inbox = inbox
         #: The response was ended at an output boundary for steering input.
         self.steered = False
+        #: The frames that end the response for the client's `response.interrupt`, once it
+        #: was interrupted (`interrupt`), to be sent by its turn: the acceptance first.
+        self.interruption: list[str] | None = None
         self.tap = ResponseTap(previous_response_id)
         self.stream_id = stream_id
         self.finished = False
@@ -138,6 +142,8 @@ class ResponseStream:
                 if self.inbox is not None and self.inbox.cuts:
                     return event  # the response may end after it: `event` asks the inbox
                 tap.remember_item(event)
+            elif kind == "response.output_item.added":
+                tap.item_added(event)  # open until its `done`: an interrupt names it
             elif kind in RESPONSE_EVENTS and tap.echo_unchanged(event):
                 # Its response object already says the client's `previous_response_id`: no
                 # re-encoding, it goes out as it was encoded (the tap reads it all the same).
@@ -225,6 +231,60 @@ class ResponseStream:
             if cut is not None:
                 self.steered = True
                 await self.event(cut)
+
+    def interrupt(self) -> None:
+        """End the response now, for the client's `response.interrupt`: what the handler still
+        sends is dropped from here on, the response is cached as it stands, and `interruption`
+        holds the frames that tell the client, numbered after what was sent:
+        `response.interrupt.accepted`, `response.output_item.interrupted` for each item still
+        open, and the terminal `response.incomplete` (`incomplete_details.reason:
+        "interrupted"`, the finished items as `output`, the latest usage the handler reported).
+        Synchronous, so no event of the handler's can come between (the turn sends them)."""
+        tap = self.tap
+        started = tap.started
+        # A running response, with an id.
+        assert started is not None
+        assert not self.finished
+        response_id = tap.response_id
+        events: list[dict[str, Any]] = [
+            {
+                "type": "response.interrupt.accepted",
+                "sequence_number": self.next_sequence_number(),
+                "response_id": response_id,
+            }
+        ]
+        for index, item_id in tap.open_items():
+            events.append(
+                {
+                    "type": "response.output_item.interrupted",
+                    "sequence_number": self.next_sequence_number(),
+                    "response_id": response_id,
+                    "item_id": item_id,
+                    "output_index": index,
+                }
+            )
+        response = {
+            **started,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "interrupted"},
+            "output": tap.items_so_far(),
+            "usage": tap.usage,
+        }
+        terminal = {
+            "type": "response.incomplete",
+            "sequence_number": self.next_sequence_number(),
+            "response": response,
+        }
+        events.append(terminal)
+        tap.see(terminal)
+        frames = []
+        for event in events:
+            if self.stream_id is not None:
+                event["stream_id"] = self.stream_id
+            frames.append(orjson.dumps(event).decode())
+        self.bytes_out += sum(len(frame) for frame in frames)
+        self.interruption = frames
+        self._ended(frames[-1])
 
     def _ended(self, encoded: str | bytes) -> None:
         """The event about to go out (`encoded`) ended the response: the stream is finished

@@ -37,6 +37,7 @@ import orjson
 from ._cache import decoded_size
 from ._client_events import (
     CreateEvent,
+    InterruptEvent,
     ProcessedEvent,
     ProtocolError,
     SteerEvent,
@@ -56,7 +57,7 @@ MAX_FAILURES = 3
 #: How long a paused pool leaves large frames to be parsed in place before trying again.
 RETRY_SECONDS = 30.0
 
-ClientEvent = CreateEvent | SteerEvent | ProcessedEvent
+ClientEvent = CreateEvent | SteerEvent | InterruptEvent | ProcessedEvent
 T = TypeVar("T")
 R = TypeVar("R")
 

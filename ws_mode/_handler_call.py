@@ -150,6 +150,20 @@ class HandlerCall:
                 turn.bind_events(None)
         await self._finish()
 
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """Stop the call running in `task` (the response was cut short, for steering or an
+        interrupt): the app's `receive()` reports `http.disconnect`, a listener waiting on it
+        hears it first, then the task is cancelled (through `ws_mode.proxy` that closes the
+        upstream request). Returns once the task has ended."""
+        if task.done():
+            return
+        self._disconnected.set()
+        try:
+            await asyncio.sleep(0)  # one pass of the loop: a disconnect listener wakes first
+        finally:
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
     async def receive(self) -> Message:
         if not self._body_sent:
             self._body_sent = True

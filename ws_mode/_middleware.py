@@ -94,6 +94,10 @@ class WebSocketModeMiddleware:
     `POST`, and `GET`/`DELETE {path}/{id}`.
     `steering` serves `response.steer` (`ws_mode._steering`): the response ends at its next
     output item and a successor continues with the input; False answers `steering_not_supported`.
+    `interrupts` serves `response.interrupt` (as Codex sends it): the running response ends at
+    once with `response.incomplete` (reason `interrupted`) and its handler call is stopped;
+    False answers `response.interrupt.failed` with `interrupt_not_supported`, and the response
+    runs to its end.
     `tracer_provider` is where the OpenTelemetry spans go (a span per connection and per turn,
     the turn's trace context passed to the handler; `ws_mode._tracing`): None is
     OpenTelemetry's global provider, which records nothing until the application installs an
@@ -130,6 +134,7 @@ class WebSocketModeMiddleware:
         shared_store: bool = False,
         stateful_http: bool = False,
         steering: bool = True,
+        interrupts: bool = True,
         tracer_provider: TracerProvider | None = None,
         access_log: bool = True,
         start_degraded: bool = False,
@@ -159,6 +164,8 @@ class WebSocketModeMiddleware:
             )
         if not isinstance(steering, bool):
             raise ConfigError(f"steering must be True or False, got {steering!r}.")
+        if not isinstance(interrupts, bool):
+            raise ConfigError(f"interrupts must be True or False, got {interrupts!r}.")
         if not isinstance(access_log, bool):
             raise ConfigError(f"access_log must be True or False, got {access_log!r}.")
         tracing = tracing_for(tracer_provider)
@@ -197,6 +204,7 @@ class WebSocketModeMiddleware:
             principal_key=principal_key,
             shared_store=shared_store,
             steering=steering,
+            interrupts=interrupts,
             handshake_headers=handshake_headers,
             budget=MemoryBudget(limits.max_memory_bytes),
             observer=Observer(tracing=tracing, access_log=access_log),

@@ -70,6 +70,8 @@ class TurnRecord:
     warm_up: bool = False
     #: The response was cut at an output item for steering input.
     steered: bool = False
+    #: The client interrupted the response (`response.interrupt`).
+    interrupted: bool = False
     #: ``completed`` / ``incomplete`` (the response's status), ``failed`` (a failed response
     #: or an error event, `error_code` says which), or ``abandoned`` (the client left, or the
     #: connection closed, before the response ended).
@@ -171,6 +173,8 @@ def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
         attributes["ws_mode.warm_up"] = True
     if record.steered:
         attributes["ws_mode.steered"] = True
+    if record.interrupted:
+        attributes["ws_mode.interrupted"] = True
     if record.error_code is not None:
         attributes["error.type"] = record.error_code
     return attributes

@@ -59,7 +59,9 @@ def client_call_answer(item: dict[str, Any]) -> str | None:
 
 
 #: Events whose JSON the middleware decodes on the way through; the rest pass as they are.
-DECODED_EVENTS = RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.done"}
+DECODED_EVENTS = (
+    RESPONSE_EVENTS | FAILURE_EVENTS | {"response.output_item.added", "response.output_item.done"}
+)
 #: The terminal event a finished response object's `status` calls for.
 TERMINAL_EVENT_BY_STATUS = {
     "completed": "response.completed",

@@ -57,6 +57,9 @@ class Settings:
     #: Whether `response.steer` is served (`ws_mode._steering`); False answers
     #: `steering_not_supported`.
     steering: bool = True
+    #: Whether `response.interrupt` is served (`ws_mode._turn_runner`); False answers
+    #: `response.interrupt.failed` with `interrupt_not_supported`, and the response runs on.
+    interrupts: bool = True
     #: Sets headers on the handshake's answer (`websocket.accept`).
     handshake_headers: HandshakeHeaders | None = None
     stats: Stats = field(default_factory=Stats)

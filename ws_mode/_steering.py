@@ -73,6 +73,8 @@ STEER_MESSAGES = {
     "decoded (Limits.max_steer_bytes).",
     MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
     "response_not_active": "The response ended before the steering input could be applied.",
+    "response_interrupted": "The response was interrupted (response.interrupt) before the "
+    "steering input could be applied; no response continues with it.",
     "successor_creation_failed": "The response continuing with the steering input could not "
     "be created.",
 }
@@ -339,15 +341,17 @@ class Steering:
         """After a response ended: the successor turn to run for the input still queued in its
         inbox (and the steers it commits), or None. A response that waits for the client keeps
         the input queued and says so (`response.steer.pending`); one that failed returns it
-        (`response.steer.failed`, `response_not_active`)."""
+        (`response.steer.failed`, `response_not_active`), and so does one the client
+        interrupted (`response_interrupted`): nothing continues it by itself."""
         steers = outcome.inbox.drain()
         if not steers:
             return None
         lane = create.stream_id
-        if outcome.response_id is None or outcome.output is None:
+        if outcome.response_id is None or outcome.output is None or outcome.interrupted:
             self.release(steers)
+            code = "response_interrupted" if outcome.interrupted else "response_not_active"
             for steer in steers:
-                await send(outcome.numbered(not_committed(steer, "response_not_active", lane)))
+                await send(outcome.numbered(not_committed(steer, code, lane)))
             return None
         stubs = required_input(outcome.output)
         if stubs:
@@ -389,6 +393,8 @@ class Outcome:
     output: list[dict[str, Any]] | None
     #: The events the response's stream sent: the next one's sequence number.
     sent: int = 0
+    #: The client interrupted the response (`response.interrupt`).
+    interrupted: bool = False
 
     def numbered(self, event: dict[str, Any]) -> dict[str, Any]:
         """`event` numbered after the response's events."""

@@ -22,8 +22,9 @@ class ResponseTap:
     `decode` reads an event's data: its own `type` names it (the SSE `event:` line only stands
     in when it has none). `see` takes in each decoded event: the events that carry the response
     object get `previous_response_id` echoed, finished output items are kept (a terminal event
-    may omit its output), and a terminal event says how the response ended (`finished`,
-    `succeeded` with `response` and `output`, or `failure`).
+    may omit its output), the items started and not finished are known (`open_items`), and a
+    terminal event says how the response ended (`finished`, `succeeded` with `response` and
+    `output`, or `failure`).
     """
 
     __slots__ = (
@@ -31,12 +32,14 @@ class ResponseTap:
         "failure",
         "finished",
         "items",
+        "opened",
         "output",
         "previous_response_id",
         "response",
         "response_id",
         "started",
         "succeeded",
+        "usage",
     )
 
     def __init__(self, previous_response_id: str | None) -> None:
@@ -46,6 +49,10 @@ class ResponseTap:
         self.response_id: str | None = None
         #: Finished output items by index.
         self.items: dict[int, dict[str, Any]] = {}
+        #: The ids of the output items started (`response.output_item.added`), by index.
+        self.opened: dict[int, Any] = {}
+        #: The latest `usage` a response object of the stream reported (None: none did yet).
+        self.usage: dict[str, Any] | None = None
         #: An item the client must answer is out.
         self.client_calls = False
         self.finished = False
@@ -78,6 +85,9 @@ class ResponseTap:
         if kind == "response.output_item.done":
             self.remember_item(event)
             return False
+        if kind == "response.output_item.added":
+            self.item_added(event)
+            return False
         changed = False
         response = None
         if kind in RESPONSE_EVENTS:
@@ -90,6 +100,9 @@ class ResponseTap:
                     self.response_id = response["id"]
                 if self.started is None:
                     self.started = response
+                usage = response.get("usage")
+                if isinstance(usage, dict):
+                    self.usage = usage
         if kind in SUCCESS_EVENTS:
             self._succeed(response)
         elif kind in FAILURE_EVENTS:
@@ -114,6 +127,18 @@ class ResponseTap:
             if client_call_answer(item) is not None:
                 self.client_calls = True
             self.items[index if isinstance(index, int) else len(self.items)] = item
+
+    def item_added(self, event: dict[str, Any]) -> None:
+        """Note the item a `response.output_item.added` starts."""
+        item, index = event.get("item"), event.get("output_index")
+        if isinstance(index, int):
+            self.opened[index] = item.get("id") if isinstance(item, dict) else None
+
+    def open_items(self) -> list[tuple[int, Any]]:
+        """The output items started and not finished: their index and id, in order."""
+        return [
+            (index, self.opened[index]) for index in sorted(self.opened) if index not in self.items
+        ]
 
     def items_so_far(self) -> list[dict[str, Any]]:
         """The finished output items, in order."""

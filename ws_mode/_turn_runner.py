@@ -7,7 +7,9 @@ flight when the response ended, and a finished one is cached before the client h
 runner also answers `generate: false` warm-ups, starts the work that follows a response
 (rendering its output, the `on_response` hook) off the next turn's path, and is the one caller
 of the connection's steering (`ws_mode._steering`): it answers steers, and runs the successor
-turns steering input calls for.
+turns steering input calls for. It answers `response.interrupt` too: the running response it
+names ends at once (`ResponseStream.interrupt`), its handler call is stopped, and its pending
+steering input is returned.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import logging
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +30,7 @@ from ._after_response import AfterResponses
 from ._asgi import Scope
 from ._budget import MemoryBudget
 from ._cache import CachedResponse, ResponseCache
-from ._client_events import CreateEvent, SteerEvent, may_store
+from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
@@ -38,6 +41,7 @@ from ._protocol import (
     error_event,
     memory_budget_exceeded,
     not_found,
+    quoted_id,
     server_error,
     store_unavailable,
 )
@@ -52,6 +56,18 @@ logger = logging.getLogger(__name__)
 
 # How many distinct tool sets keep their handler-made artifacts per connection.
 TOOL_SETS = 64
+#: How many ids of the connection's latest failed responses are kept (never cached), so that
+#: an interrupt of one is told it ended, not that it is unknown. A few KiB per connection.
+FAILED_IDS = 16
+
+#: The message of each `response.interrupt.failed` code.
+INTERRUPT_MESSAGES = {
+    "response_not_found": "Response with id '{id}' is not running on this connection.",
+    "response_already_completed": "Response with id '{id}' has already ended; there is nothing "
+    "to interrupt (continue it with response.create).",
+    "interrupt_not_supported": "Interrupting responses is switched off on this server; the "
+    "response runs to its end.",
+}
 
 
 class TurnRunner:
@@ -101,6 +117,8 @@ class TurnRunner:
         self.steering = Steering(
             enabled=settings.steering, limits=settings.limits, budget=settings.budget
         )
+        #: The ids of the latest responses that failed (`FAILED_IDS` at most).
+        self._failed: deque[str] = deque(maxlen=FAILED_IDS)
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -149,6 +167,32 @@ class TurnRunner:
             return result
         assert active is not None  # accepted: the response is streaming
         return accepted_event(result, lane, active.next_sequence_number())
+
+    def interrupt(self, interrupt: InterruptEvent) -> dict[str, Any] | None:
+        """Answer a `response.interrupt`: None once the response it names, streaming now on
+        any lane, is interrupted (its turn sends the acceptance, stops the handler and ends the
+        response: `ResponseStream.interrupt`); else the `response.interrupt.failed` to send.
+        Whichever comes first, the response's end or the interrupt, is what the client sees."""
+        target = interrupt.response_id
+        # A stream that finished is still here while its end goes out (or the call returns).
+        stream = next((s for s in self.streams if s.response_id == target), None)
+        if stream is not None and not stream.finished and self.settings.interrupts:
+            stream.interrupt()
+            return None
+        node = self.cache.get(target) if stream is None else None
+        lane = stream.stream_id if stream is not None else node.stream_id if node else None
+        if not self.settings.interrupts:
+            code = "interrupt_not_supported"
+        elif (
+            stream is not None
+            or node is not None
+            or target in self._failed
+            or self.cache.why_missing(target) is not None  # finished, too large to keep
+        ):
+            code = "response_already_completed"
+        else:
+            code = "response_not_found"
+        return interrupt_failed_event(code, target, lane)
 
     async def close(self) -> None:
         """The connection ended: give the work after its responses its grace period; what
@@ -271,14 +315,17 @@ class TurnRunner:
         reserved in the memory budget, is given back when the call ends, whenever that is."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
-        call = asyncio.create_task(
-            HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered).run()
-        )
+        handler = HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered)
+        call = asyncio.create_task(handler.run())
         call.add_done_callback(functools.partial(_give_back, self.settings.budget, held))
         try:
             await self._until_finished(stream, call)
+            if stream.interruption is not None:
+                await self._interrupted(stream.interruption, handler, call)
         finally:
             self.streams.discard(stream)
+            if stream.response_id is not None and not stream.succeeded:
+                self._failed.append(stream.response_id)
             if stream.finished:
                 elapsed = time.perf_counter() - started
                 self.stats.turn_finished(elapsed, failed=stream.failure is not None)
@@ -286,13 +333,12 @@ class TurnRunner:
                     self.stats.error(stream.failure)
         if not call.done():
             if stream.steered:
-                call.cancel()  # what the handler would still say was cut off for steering
-                await asyncio.gather(call, return_exceptions=True)
+                await handler.stop(call)  # what it would still say was cut off for steering
             else:
                 # The client has its terminal event; what the handler still does (a background
                 # task, logging) goes on without holding up the lane.
                 self.after.track(call)
-        else:
+        elif not call.cancelled():  # stopped for an interrupt: nothing to read
             try:
                 call.result()
             except ClientGone:
@@ -309,12 +355,28 @@ class TurnRunner:
             stream.response_id,
             stream.output,
             stream.next_sequence_number(),
+            interrupted=stream.interruption is not None,
         )
+
+    async def _interrupted(
+        self, frames: list[str], handler: HandlerCall, call: asyncio.Task[None]
+    ) -> None:
+        """Tell the client its interrupt is accepted, stop the handler, then send the rest of
+        the interrupted response's end (`ResponseStream.interrupt`): the lane's next request
+        starts after it, with the handler (through the proxy, its upstream request) gone."""
+        send = self.socket.send_text
+        try:
+            await send(frames[0])
+        finally:
+            await handler.stop(call)
+        for frame in frames[1:]:
+            await send(frame)
 
     def _note(self, record: TurnRecord, stream: ResponseStream) -> None:
         """Put in `record` how the turn's response ended and what it sent."""
         record.response_id = stream.response_id
         record.steered = stream.steered
+        record.interrupted = stream.interruption is not None
         record.bytes_out += stream.bytes_out
         self.connection.bytes_out += stream.bytes_out
         if not stream.finished:
@@ -484,6 +546,27 @@ class TurnRunner:
             # Started now, before the terminal event goes out; the process owns the write,
             # so the connection closing never cancels it.
             self.store.write(node)
+
+
+def interrupt_failed_event(code: str, response_id: str, lane: str | None) -> dict[str, Any]:
+    """`response.interrupt.failed` (status 400): nothing was interrupted; on the response's
+    lane when it is known."""
+    message = INTERRUPT_MESSAGES[code].format(id=quoted_id(response_id))
+    event: dict[str, Any] = {
+        "type": "response.interrupt.failed",
+        "sequence_number": 0,
+        "status": 400,
+        "response_id": response_id,
+        "error": {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "param": "response_id",
+        },
+    }
+    if lane is not None:
+        event["stream_id"] = lane
+    return event
 
 
 @dataclass(slots=True, eq=False)

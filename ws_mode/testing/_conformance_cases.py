@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from . import _conformance_errors, _conformance_lanes, _conformance_state, _conformance_steering
+from . import (
+    _conformance_errors,
+    _conformance_interrupt,
+    _conformance_lanes,
+    _conformance_state,
+    _conformance_steering,
+)
 from ._conformance import (
     CaseResult,
     ConformanceCase,
@@ -16,12 +22,13 @@ from ._conformance import (
     select_cases,
 )
 
-#: Every case, by rule family: lanes and limits, state and warm-ups, steering, errors and
-#: frames.
+#: Every case, by rule family: lanes and limits, state and warm-ups, steering, interrupts,
+#: errors and frames.
 CONFORMANCE_CASES: Final[tuple[ConformanceCase, ...]] = (
     *_conformance_lanes.CASES,
     *_conformance_state.CASES,
     *_conformance_steering.CASES,
+    *_conformance_interrupt.CASES,
     *_conformance_errors.CASES,
 )
 

@@ -129,10 +129,13 @@ def accepted(probe: Probe) -> str:
     return f"accepted as {answer['steer']['id']} on lane {lane}"
 
 
-def successor(probe: Probe) -> str:
-    socket = probe.socket()
-    # On the default lane: the rule is not about lanes.
-    request = probe.create(LONG_ANSWER)
+def message_streaming(
+    probe: Probe, socket: SyncSocket, request: dict[str, Any], into: str = "steer into"
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Send ``request`` and read until a message item starts streaming
+    (``response.output_item.added``), answering the tool calls of up to :data:`TOOL_ROUNDS`
+    responses before it: the request whose response streams it, and its events read so far.
+    Skips the case when no message streams (``into`` says what for)."""
     for _round in range(TOOL_ROUNDS):
         socket.send(request)
         seen: list[dict[str, Any]] = []
@@ -148,15 +151,20 @@ def successor(probe: Probe) -> str:
             seen,
         )
         if event["type"] not in TERMINAL_EVENTS:
-            break
+            return request, seen
         turn = probe.checked(request, seen)
         if not turn.finished or not turn.calls():
             raise CaseSkipped(
-                f"no message ever streamed to steer into: the turn ended with {describe(event)}"
+                f"no message ever streamed to {into}: the turn ended with {describe(event)}"
             )
         request = probe.create(probe.follow_up(turn), previous_response_id=turn.id)
-    else:
-        raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")
+    raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")
+
+
+def successor(probe: Probe) -> str:
+    socket = probe.socket()
+    # On the default lane: the rule is not about lanes.
+    request, seen = message_streaming(probe, socket, probe.create(LONG_ANSWER))
     target = str(seen[0]["response"]["id"])
     steer_accepted(probe, socket, target, seen, "a streaming message")
     steers: list[dict[str, Any]] = []

@@ -105,6 +105,7 @@ def test_cases_have_stable_unique_names_a_rule_and_a_source() -> None:
         "state",
         "warmup",
         "steering",
+        "interrupt",
         "errors",
         "frames",
         "codex",
@@ -126,7 +127,8 @@ def test_the_reference_behind_the_middleware_passes_the_cases_it_is_broken_for_b
     # Every case is run against ws-mode serve and ws-mode proxy in
     # tests/toolkit/cli/test_check_conformance.py; here, those the edits below break.
     patterns = ["errors.envelope", "lanes.default_lane_unmarked", "lanes.stream_id_echoed",
-                "lanes.concurrent", "steering.*", "codex.*", "*rate_limit*"]  # fmt: skip
+                "lanes.concurrent", "steering.*", "interrupt.*", "codex.*",
+                "*rate_limit*"]  # fmt: skip
     results = run_conformance(base, ConformanceOptions(timeout=10), cases=patterns)
     outcomes = {result.name: result.outcome for result in results}
     assert outcomes.pop("errors.rate_limit_headers") == "skipped"
@@ -154,6 +156,10 @@ def _short_steer_id(event: dict[str, Any]) -> list[Any]:
     if event["type"] == "response.steer.accepted":
         event["steer"]["id"] = event["steer"]["id"][:30]
     return [event]
+
+
+def _open_item_dropped(event: dict[str, Any]) -> list[Any]:
+    return [] if event["type"] == "response.output_item.interrupted" else [event]
 
 
 def _steer_failure_as_server_error(event: dict[str, Any]) -> list[Any]:
@@ -210,6 +216,7 @@ class OneLaneAtATime:
         ),
         ("steering.pending", _pending_without_steer, "response.steer.pending is not what the SDKs"),
         ("codex.response_processed", _error_answers_processed, "unknown_event_type"),
+        ("interrupt.accepted", _open_item_dropped, "got neither response.output_item.interrupted"),
         ("lanes.concurrent", OneLaneAtATime(), "the lanes ran one after the other"),
     ],
 )
