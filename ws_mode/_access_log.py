@@ -12,9 +12,12 @@ turns them off, as ``uvicorn --no-access-log``) and the library adds no handler:
 whatever the application configured for ``ws_mode.access`` (or its parents), and nothing is
 built while that logger is not enabled for INFO (Python's default: WARNING). Each record also
 carries the line's values as attributes (``record.connection_id``, ``record.status``, ...), for
-a structured (JSON) formatter. A value a client sent is written as it is when it is a plain
-token (``resp_1``, ``lane-2``), else quoted and escaped (`ws_mode._logs.for_log`). The fields
-are described in docs/operations.md, "Access log".
+a structured (JSON) formatter. A value a client sent (its address too: behind a proxy it is
+what ``X-Forwarded-For`` said) is written as it is when it is a plain token (``resp_1``,
+``lane-2``), else quoted and escaped (`ws_mode._logs.for_log`); on the record each string is
+cut to the same bound but not escaped (`ws_mode._logs.cut_strings`: the formatter encodes
+it), so a record held by a queued or buffering handler holds no more of a client's values
+than the line. The fields are described in docs/operations.md, "Access log".
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Final
 
-from ._logs import _UntilConfigured, for_log
+from ._logs import _UntilConfigured, cut_strings, for_log
 
 if TYPE_CHECKING:
     from ._observe import ConnectionRecord, TurnRecord
@@ -66,7 +69,7 @@ def turn_line(record: TurnRecord) -> None:
     duration_ms = record.duration * 1000
     logger.info(
         _TURN_LINE,
-        connection.client,
+        _value(connection.client),
         connection.path,
         record.status,
         duration_ms,
@@ -78,20 +81,22 @@ def turn_line(record: TurnRecord) -> None:
         record.bytes_in,
         record.bytes_out,
         _value(record.error_code),
-        extra={
-            "client_addr": connection.client,
-            "connection_id": connection.id,
-            "stream_id": record.stream_id,
-            "response_id": record.response_id,
-            "previous_response_id": record.previous_response_id,
-            "status": record.status,
-            "error_code": record.error_code,
-            "cache": record.cache,
-            "warm_up": record.warm_up,
-            "duration_ms": round(duration_ms, 3),
-            "bytes_in": record.bytes_in,
-            "bytes_out": record.bytes_out,
-        },
+        extra=cut_strings(
+            {
+                "client_addr": connection.client,
+                "connection_id": connection.id,
+                "stream_id": record.stream_id,
+                "response_id": record.response_id,
+                "previous_response_id": record.previous_response_id,
+                "status": record.status,
+                "error_code": record.error_code,
+                "cache": record.cache,
+                "warm_up": record.warm_up,
+                "duration_ms": round(duration_ms, 3),
+                "bytes_in": record.bytes_in,
+                "bytes_out": record.bytes_out,
+            }
+        ),
     )
 
 
@@ -102,7 +107,7 @@ def connection_line(record: ConnectionRecord) -> None:
         return
     logger.info(
         _CONNECTION_LINE,
-        record.client,
+        _value(record.client),
         record.path,
         record.close_code,
         record.duration,
@@ -112,17 +117,19 @@ def connection_line(record: ConnectionRecord) -> None:
         record.bytes_in,
         record.bytes_out,
         _last(record.close_reason),
-        extra={
-            "client_addr": record.client,
-            "connection_id": record.id,
-            "close_code": record.close_code,
-            "close_reason": record.close_reason,
-            "closed_by": record.closed_by,
-            "turns": record.turns,
-            "duration_ms": round(record.duration * 1000, 3),
-            "bytes_in": record.bytes_in,
-            "bytes_out": record.bytes_out,
-        },
+        extra=cut_strings(
+            {
+                "client_addr": record.client,
+                "connection_id": record.id,
+                "close_code": record.close_code,
+                "close_reason": record.close_reason,
+                "closed_by": record.closed_by,
+                "turns": record.turns,
+                "duration_ms": round(record.duration * 1000, 3),
+                "bytes_in": record.bytes_in,
+                "bytes_out": record.bytes_out,
+            }
+        ),
     )
 
 

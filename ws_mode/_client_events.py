@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 
 from ._items import Items
-from ._protocol import SOCKET_ONLY_FIELDS, STREAM_ID, error_event
+from ._protocol import MAX_ID_CHARS, SOCKET_ONLY_FIELDS, STREAM_ID, error_event
 
 
 class ProtocolError(Exception):
@@ -244,6 +244,9 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
             problem, code="invalid_type", param="store", stream_id=stream_id, on_lane=True
         )
     prewarm = _prewarm(data, stream_id)
+    previous_response_id = data.get("previous_response_id")
+    if previous_response_id is not None and len(previous_response_id) > MAX_ID_CHARS:
+        raise too_long_id("previous_response_id", previous_response_id, stream_id, on_lane=True)
     if data.get("background"):
         raise ProtocolError(
             "'background: true' is not supported in WebSocket mode; "
@@ -269,7 +272,7 @@ def _parse_create(data: dict[str, Any], size: int) -> CreateEvent:
         items=items,
         input_text=raw_input if isinstance(raw_input, str) else None,
         input_sent=raw_input is not None,
-        previous_response_id=data.get("previous_response_id"),
+        previous_response_id=previous_response_id,
         stream_id=stream_id,
         generate=data.get("generate") is not False and not prewarm,
         tools=data.get("tools"),
@@ -300,6 +303,8 @@ def _parse_steer(data: dict[str, Any]) -> SteerEvent:
         )
     if type(previous_response_id) is not str:
         raise _invalid_type("previous_response_id", "a string")
+    if len(previous_response_id) > MAX_ID_CHARS:
+        raise too_long_id("previous_response_id", previous_response_id)
     unexpected = tuple(key for key in data if key not in _STEER_FIELDS)
     return SteerEvent(
         previous_response_id=previous_response_id, input=data.get("input"), unexpected=unexpected
@@ -316,6 +321,8 @@ def _parse_interrupt(data: dict[str, Any]) -> InterruptEvent:
         )
     if type(response_id) is not str:
         raise _invalid_type("response_id", "a string")
+    if len(response_id) > MAX_ID_CHARS:
+        raise too_long_id("response_id", response_id)
     # Absent, it is the one mode there is. Refused before the response is looked up: an
     # interrupt ws_mode cannot honour as asked stops nothing, and the response runs on.
     mode = data.get("mode", INTERRUPT_MODE)
@@ -336,6 +343,21 @@ def _invalid_type(
     return ProtocolError(
         f"Invalid type for '{param}': expected {expected}.",
         code="invalid_type",
+        param=param,
+        stream_id=stream_id,
+        on_lane=on_lane,
+    )
+
+
+def too_long_id(
+    param: str, value: str, stream_id: str | None = None, *, on_lane: bool = False
+) -> ProtocolError:
+    """The refusal of an id longer than any a server issues (`MAX_ID_CHARS`): refused on
+    arrival, before it is looked up, stored or recorded anywhere."""
+    return ProtocolError(
+        f"Invalid '{param}': string too long. Expected a string with maximum length "
+        f"{MAX_ID_CHARS}, but got a string with length {len(value)} instead.",
+        code="string_above_max_length",
         param=param,
         stream_id=stream_id,
         on_lane=on_lane,

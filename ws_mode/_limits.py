@@ -58,8 +58,8 @@ class Limits:
     `_cache.VALUE_OVERHEAD`, `_frames.OFF_LOOP_BYTES`, `_frames.WORKERS`, `_frames.MAX_FAILURES`,
     `_frames.RETRY_SECONDS`, `_hooks.HOOK_THREADS`, `_logs.LOG_VALUE_CHARS`,
     `_persistence.POLL_SECONDS`, `_persistence.POLL_MAX_SECONDS`, `_persistence.STORED_REMEMBERED`,
-    `_protocol.QUOTED_ID_CHARS`, `_protocol.STREAM_ID`, `_steering.MAX_WAITING_RESPONSES`,
-    `_turn_runner.TOOL_SETS`, `proxy._transport._MAX_HEADER`.
+    `_protocol.MAX_ID_CHARS`, `_protocol.QUOTED_ID_CHARS`, `_protocol.STREAM_ID`,
+    `_steering.MAX_WAITING_RESPONSES`, `_turn_runner.TOOL_SETS`, `proxy._transport._MAX_HEADER`.
     """
 
     max_connections: int = 1000

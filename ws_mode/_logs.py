@@ -24,7 +24,11 @@ helpers are for the programs that start a server on purpose:
 **Client values in log lines.** Anything a client sent (a ``previous_response_id``, an id in a
 path, a handler body echoing its request) goes into a line through :func:`for_log`: control
 characters escaped as ``repr`` does, so a newline cannot forge a second line, and cut to a
-bound, so a 1 MiB id does not make a 1 MiB line.
+bound, so a 1 MiB id does not make a 1 MiB line. Where a value goes unescaped, as an attribute
+of a log record (for a structured formatter) or of a span (for an exporter, which encodes it),
+:func:`cut` bounds it: the same `LOG_VALUE_CHARS`, so a record or a span queued behind a slow
+handler or a collector that is down holds a few hundred characters of each value, never what
+the client sent.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-from typing import Final
+from typing import Any, Final
 
 LOGGER: Final = "ws_mode"
-#: How many characters of a value :func:`for_log` keeps by default: an id is about 50.
-LOG_VALUE_CHARS: Final = 200
+#: How many characters of a client-sent value a log line (:func:`for_log`), a log record's
+#: attribute or a span's attribute (:func:`cut`) keeps: an id is about 50, and ids longer than
+#: this are refused on arrival (`ws_mode._protocol.MAX_ID_CHARS`, the same number).
+LOG_VALUE_CHARS: Final = 256
 _UVICORN_LINE: Final = "ASGI callable returned without completing handshake."
 _refused: contextvars.ContextVar[bool] = contextvars.ContextVar("ws_mode_refused", default=False)
 
@@ -61,6 +67,19 @@ def for_log(value: object, limit: int = LOG_VALUE_CHARS) -> str:
     else:
         escaped = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
     return f"{escaped}... ({size} {unit})" if size > limit else escaped
+
+
+def cut(value: str, limit: int = LOG_VALUE_CHARS) -> str:
+    """`value` as an attribute of a log record or of a span keeps it: whole up to `limit`
+    characters, else its first `limit` and ``... (N characters)``, as :func:`for_log` ends a
+    value it cut. Not escaped: the formatter or exporter that writes an attribute encodes it."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
+def cut_strings(attributes: dict[str, Any]) -> dict[str, Any]:
+    """`attributes` with each string in it cut (:func:`cut`): what a log record or a span
+    holds of them."""
+    return {name: cut(value) if type(value) is str else value for name, value in attributes.items()}
 
 
 def _text(value: object) -> str:

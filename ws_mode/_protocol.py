@@ -15,6 +15,12 @@ import orjson
 #: A lane's name: 1 to 256 characters of letters, digits, `_`, `.` and `-`.
 STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,256}\Z")
 
+#: The longest id a client may send (`previous_response_id`, a steer's, `response_id`): longer
+#: ones are refused on arrival (`string_above_max_length`, 400). Ids are about 50 characters;
+#: five times that leaves room for a handler's own scheme, and every id accepted goes whole
+#: into log lines and spans (`ws_mode._logs.LOG_VALUE_CHARS` is as long).
+MAX_ID_CHARS: Final = 256
+
 #: Fields that exist only on the socket and never reach an HTTP handler.
 SOCKET_ONLY_FIELDS = frozenset({"type", "stream_id", "generate"})
 

@@ -14,7 +14,11 @@ application with OpenTelemetry's ASGI or FastAPI instrumentation continues the s
 Spans are made per connection and per turn only: nothing is done per event. The attributes
 follow OpenTelemetry's semantic conventions where one exists (``client.address``,
 ``url.path``, ``gen_ai.response.id``, ``error.type``, ...); the rest are ``ws_mode.*``
-(docs/operations.md, "Tracing", lists them).
+(docs/operations.md, "Tracing", lists them). Every string attribute is cut to
+`ws_mode._logs.LOG_VALUE_CHARS` characters (`ws_mode._logs.cut_strings`) as the span is made
+and as it ends: many are the client's (its model, ids, address, user agent), and an SDK holds
+each span until its exporter delivers it (2,048 of them queued while a collector is down),
+outside the memory budget.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._asgi import Scope
 from ._errors import ConfigError
+from ._logs import cut, cut_strings
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -155,10 +160,10 @@ class ConnectionSpan:
             attributes["client.port"] = int(client[1])
         for name, value in scope.get("headers", ()):
             if name == b"user-agent":
-                attributes["user_agent.original"] = value.decode("latin-1")[:256]
+                attributes["user_agent.original"] = value.decode("latin-1")
                 break
         self.span: Span = tracer.start_span(
-            f"WebSocket {path}", context=parent, kind=kind, attributes=attributes
+            f"WebSocket {path}", context=parent, kind=kind, attributes=cut_strings(attributes)
         )
         self.context: Context = trace.set_span_in_context(self.span, parent)
         self._token: object = None
@@ -178,7 +183,7 @@ class ConnectionSpan:
         """End the span with what the closed connection did; stop it being the current one."""
         span = self.span
         if span.is_recording():
-            span.set_attributes(attributes)
+            span.set_attributes(cut_strings(attributes))
         span.end()
         if self._token is not None:
             self._api.context.detach(self._token)
@@ -207,7 +212,7 @@ class TurnSpan:
         if previous_response_id is not None:
             attributes["ws_mode.previous_response_id"] = previous_response_id
         self.span: Span = connection.tracer.start_span(
-            TURN_SPAN, context=connection.context, attributes=attributes
+            TURN_SPAN, context=connection.context, attributes=cut_strings(attributes)
         )
         self.context: Context = api.trace.set_span_in_context(self.span, connection.context)
         self._token: object = api.context.attach(self.context)
@@ -227,9 +232,11 @@ class TurnSpan:
         being the current one."""
         span = self.span
         if span.is_recording():
-            span.set_attributes(attributes)
+            span.set_attributes(cut_strings(attributes))
             if error is not None:
-                span.set_status(self._api.trace.Status(self._api.trace.StatusCode.ERROR, error))
+                span.set_status(
+                    self._api.trace.Status(self._api.trace.StatusCode.ERROR, cut(error))
+                )
         span.end()
         self._api.context.detach(self._token)
 

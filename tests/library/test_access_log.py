@@ -64,10 +64,14 @@ def answer(model: Any) -> dict[str, Any]:
 
 async def create(request: Request) -> JSONResponse:
     body = await request.json()
-    delay = float((body.get("metadata") or {}).get("delay", 0))
+    metadata = body.get("metadata") or {}
+    delay = float(metadata.get("delay", 0))
     if delay:
         await asyncio.sleep(delay)
-    return JSONResponse(answer(body.get("model")))
+    answered = answer(body.get("model"))
+    if "id_chars" in metadata:  # an id of the handler's own scheme, however long
+        answered["id"] = "resp_" + "x" * int(metadata["id_chars"])
+    return JSONResponse(answered)
 
 
 def middleware(**options: Any) -> WebSocketModeMiddleware:
@@ -91,14 +95,17 @@ def access(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 
 def lines(
-    caplog: pytest.LogCaptureFixture, *, connections: int = 1
+    caplog: pytest.LogCaptureFixture,
+    *,
+    connections: int = 1,
+    connection_line: re.Pattern[str] = CONNECTION_LINE,
 ) -> tuple[list[logging.LogRecord], list[logging.LogRecord]]:
     """The access log's turn and connection records, once `connections` connections closed
     (the server writes a connection's line after the client saw its socket close)."""
     deadline = time.monotonic() + WAIT
     while True:
         records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
-        closed = [r for r in records if CONNECTION_LINE.fullmatch(r.getMessage())]
+        closed = [r for r in records if connection_line.fullmatch(r.getMessage())]
         if len(closed) >= connections or time.monotonic() > deadline:
             turns = [r for r in records if r not in closed]
             return turns, closed
@@ -173,6 +180,75 @@ def test_a_failed_turn_says_its_code_and_a_client_value_cannot_forge_a_line(
         "miss",
     )
     assert line["id"] == "-"
+
+
+#: The lines with any client field (one token), for a client address a proxy header gave.
+ANY_CLIENT_TURN_LINE = re.compile(TURN_LINE.pattern.replace(r"127\.0\.0\.1:\d+", r"\S+"))
+ANY_CLIENT_CONNECTION_LINE = re.compile(
+    CONNECTION_LINE.pattern.replace(r"127\.0\.0\.1:\d+", r"\S+")
+)
+
+
+def record_size(record: logging.LogRecord) -> int:
+    """The characters a record holds, its message's arguments and attributes included."""
+    return len(repr(record.__dict__))
+
+
+def test_a_forwarded_address_cannot_forge_a_field_and_records_hold_bounded_values(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    # Behind a trusted proxy (uvicorn trusts 127.0.0.1's X-Forwarded-For by default) the
+    # client's address is what that header said, a space and a fake field included.
+    forwarded = "10.0.0.9 conn=forged" + "x" * 4000
+    app = middleware()
+    with (
+        serve(app, proxy_headers=True, forwarded_allow_ips="127.0.0.1") as base,
+        connect(base, headers={"X-Forwarded-For": forwarded}) as sock,
+    ):
+        answered = turn(sock, metadata={"id_chars": "100000"})  # the handler's own long id
+        assert answered["type"] == "response.completed"
+        sock.close()
+        (record,), (closed,) = lines(access, connection_line=ANY_CLIENT_CONNECTION_LINE)
+    line = parsed(record, ANY_CLIENT_TURN_LINE)
+    connection = parsed(closed, ANY_CLIENT_CONNECTION_LINE)
+    for message, fields in ((record.getMessage(), line), (closed.getMessage(), connection)):
+        assert message.count(" conn=") == 1  # the address is one field, quoted and escaped
+        assert fields["client"].startswith(r"'10.0.0.9\x20conn=forgedxxx")
+        assert fields["conn"] == connection["conn"]
+        assert len(message) < 1000
+    assert line["id"].startswith("'resp_xxx")
+    assert line["id"].endswith(r"(100005\x20characters)")
+    # The records carry the values cut as the line cuts them, not what the client (or the
+    # handler) sent: a record held by a buffering handler holds no megabytes.
+    assert record.__dict__["client_addr"] == (forwarded + ":0")[:256] + "... (4022 characters)"
+    assert closed.__dict__["client_addr"] == record.__dict__["client_addr"]
+    assert record.__dict__["response_id"] == answered["response"]["id"][:256] + (
+        "... (100005 characters)"
+    )
+    assert record_size(record) < 5000
+    assert record_size(closed) < 5000
+
+
+def test_an_id_longer_than_any_issued_is_refused_on_arrival_and_leaves_no_line(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    with serve(middleware()) as base, connect(base) as sock:
+        first = turn(sock)["response"]["id"]
+        refused = turn(sock, "resp_" + "x" * 1_000_000, stream_id="lane-a")
+        assert refused["status"] == 400
+        assert refused["stream_id"] == "lane-a"
+        assert (refused["error"]["code"], refused["error"]["param"]) == (
+            "string_above_max_length",
+            "previous_response_id",
+        )
+        assert "maximum length 256" in refused["error"]["message"]
+        assert len(refused["error"]["message"]) < 200
+        # The connection goes on.
+        assert turn(sock, first)["type"] == "response.completed"
+        sock.close()
+        turns, (closed,) = lines(access)
+    assert [parsed(record, TURN_LINE)["previous"] for record in turns] == ["-", first]
+    assert all(record_size(record) < 5000 for record in [*turns, closed])
 
 
 def test_a_client_that_leaves_mid_turn_leaves_an_abandoned_turn(

@@ -20,7 +20,9 @@ from ws_mode._client_events import (
     SteerEvent,
     parse_client_event,
 )
+from ws_mode._logs import LOG_VALUE_CHARS
 from ws_mode._protocol import (
+    MAX_ID_CHARS,
     SOCKET_ONLY_FIELDS,
     encode_event,
     error_event,
@@ -262,6 +264,65 @@ def test_background_true_is_unsupported() -> None:
     assert error.status == 400
     assert error.event()["stream_id"] == "bg"
     assert_envelope(error.event())
+
+
+# --- ids longer than any issued --------------------------------------------------------------
+
+
+def test_an_id_as_long_as_any_accepted_goes_whole_into_logs_and_spans() -> None:
+    assert MAX_ID_CHARS <= LOG_VALUE_CHARS
+
+
+@pytest.mark.parametrize("event_type", [CREATE, STEER])
+def test_ids_up_to_the_bound_are_accepted(event_type: str) -> None:
+    longest = "resp_" + "x" * (MAX_ID_CHARS - 5)
+    event = parse(type=event_type, previous_response_id=longest, input="hi")
+    assert isinstance(event, CreateEvent | SteerEvent)
+    assert event.previous_response_id == longest
+
+
+@pytest.mark.parametrize("event_type", [CREATE, STEER])
+@pytest.mark.parametrize("length", [MAX_ID_CHARS + 1, 8 * 1024 * 1024])
+def test_a_longer_id_is_refused_on_arrival(event_type: str, length: int) -> None:
+    error = refusal(
+        json.dumps({"type": event_type, "stream_id": "main", "previous_response_id": "x" * length})
+    )
+    assert (error.code, error.param, error.status, error.type) == (
+        "string_above_max_length",
+        "previous_response_id",
+        400,
+        "invalid_request_error",
+    )
+    assert error.message == (
+        "Invalid 'previous_response_id': string too long. Expected a string with maximum "
+        f"length {MAX_ID_CHARS}, but got a string with length {length} instead."
+    )
+    if event_type == CREATE:  # answered in its lane's order, as other refusals of a create
+        assert (error.on_lane, error.stream_id) == (True, "main")
+    assert_envelope(error.event())
+
+
+@settings(max_examples=100)
+@given(
+    event_type=st.sampled_from([CREATE, STEER]),
+    previous=st.text(min_size=MAX_ID_CHARS - 3, max_size=MAX_ID_CHARS + 3)
+    | st.text(max_size=MAX_ID_CHARS * 4),
+)
+def test_an_id_is_accepted_exactly_when_it_is_within_the_bound(
+    event_type: str, previous: str
+) -> None:
+    event = parse_or_refuse(json.dumps({"type": event_type, "previous_response_id": previous}))
+    if len(previous) <= MAX_ID_CHARS:
+        assert not isinstance(event, ProtocolError)
+        assert event.previous_response_id == previous
+    else:
+        assert isinstance(event, ProtocolError)
+        assert (event.code, event.param) == ("string_above_max_length", "previous_response_id")
+
+
+def test_wrong_types_are_reported_before_lengths() -> None:
+    error = create_refusal(previous_response_id="x" * 1000, input=5)
+    assert (error.code, error.param) == ("invalid_type", "input")
 
 
 # --- frames that are not a create or a steer -------------------------------------------------
@@ -532,7 +593,7 @@ OPTIONAL_CREATE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "generate": st.none() | st.booleans(),
     "background": st.none() | st.just(False),
     "stream": st.none() | st.booleans(),
-    "previous_response_id": st.none() | st.text(),
+    "previous_response_id": st.none() | st.text(max_size=MAX_ID_CHARS),
     "input": st.none() | st.text() | items,
     "instructions": st.none() | st.text(),
     "tools": st.none() | items,
@@ -633,3 +694,19 @@ def test_the_core_and_the_proxy_need_no_pydantic() -> None:
         "    print(error.code, error.param)\n"
     )
     assert fresh_output(code) == ["invalid_type", "generate"]
+
+
+@pytest.mark.parametrize("length", [MAX_ID_CHARS, MAX_ID_CHARS + 1])
+def test_an_interrupts_response_id_is_bounded_as_every_other_id(length: int) -> None:
+    text = json.dumps({"type": "response.interrupt", "response_id": "x" * length})
+    event = parse_or_refuse(text)
+    if length <= MAX_ID_CHARS:
+        assert not isinstance(event, ProtocolError)
+        assert event.response_id == "x" * length  # type: ignore[union-attr]
+    else:
+        assert isinstance(event, ProtocolError)
+        assert (event.code, event.param, event.status) == (
+            "string_above_max_length",
+            "response_id",
+            400,
+        )

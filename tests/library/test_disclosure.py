@@ -18,11 +18,13 @@ from tests.redis_server import RedisServer
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode._logs import for_log
+from ws_mode._protocol import MAX_ID_CHARS, QUOTED_ID_CHARS
 from ws_mode.redis_store import RedisStore
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
-#: A forged second log line, then a megabyte.
-FORGED_ID = "resp_1\nERROR:    ws_mode: forged line\r\n" + "x" * (1 << 20)
+#: A forged second log line, as long as an id may be (a longer one is refused on arrival).
+FORGED_LINE = "resp_1\nERROR:    ws_mode: forged line\r\n"
+FORGED_ID = FORGED_LINE + "x" * (MAX_ID_CHARS - len(FORGED_LINE))
 
 
 def authenticate(scope: Scope) -> str:
@@ -104,8 +106,7 @@ def test_a_forged_id_gives_one_bounded_escaped_log_line_and_a_bounded_echo(
     (line,) = _warnings(caplog, "ws_mode._persistence")
     assert "\n" not in line
     assert "\r" not in line
-    assert "'resp_1\\nERROR:    ws_mode: forged line\\r\\nxxx" in line  # escaped, as repr does
-    assert f"... ({len(FORGED_ID)} characters)" in line
+    assert repr(FORGED_ID) in line  # escaped, as repr does
     assert len(line) < 2000
 
 
@@ -133,8 +134,9 @@ def test_an_unknown_id_is_quoted_bounded() -> None:
     with serve(app) as base_url:
         event = _turn(base_url, previous_response_id=FORGED_ID)
     assert event["error"]["code"] == "previous_response_not_found"
-    assert event["error"]["message"].startswith("Previous response with id 'resp_1\nERROR")
-    assert len(event["error"]["message"]) < 1000
+    assert event["error"]["message"] == (
+        f"Previous response with id '{FORGED_ID[:QUOTED_ID_CHARS]}...' not found."
+    )
 
 
 def test_for_log() -> None:

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from tests.servers import serve
 from ws_mode import ConfigError, MemoryStore, WebSocketModeMiddleware
+from ws_mode._logs import LOG_VALUE_CHARS, cut
 from ws_mode.testing._client import SyncSocket, connect
 
 #: A remote parent, as a client's instrumentation would send it in the handshake.
@@ -195,6 +196,38 @@ def test_a_conversation_is_one_connection_span_with_a_child_per_turn(
         sum(dict(span.attributes or {})["ws_mode.bytes_out"] for span in turns)
         == (attributes["ws_mode.bytes_out"])
     )
+
+
+def test_spans_keep_a_bounded_part_of_every_client_value(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """An SDK holds each span until it is exported: what a client chose (its model, user agent
+    and, behind a trusted proxy, its address) goes in cut, never whole."""
+    model = "gpt-" + "m" * 100_000
+    agent = "agent/" + "a" * 5000
+    forwarded = "10.0.0.9" + "f" * 4000  # uvicorn trusts 127.0.0.1's X-Forwarded-For
+    seen = Seen()
+    headers = {"User-Agent": agent, "X-Forwarded-For": forwarded}
+    with served(provider, seen) as base, connect(base, headers=headers) as sock:
+        first = turn(sock, model=model)["response"]["id"]
+        assert turn(sock, first, model=model, stream_id="s" * 256)["type"] == "response.completed"
+        sock.close()
+        spans = spans_once(exporter, closed())
+    (connection,) = connection_spans(spans)
+    turns = sorted(turn_spans(spans), key=lambda span: span.start_time or 0)
+    attributes = dict(connection.attributes or {})
+    assert attributes["user_agent.original"] == agent[:256] + "... (5006 characters)"
+    assert attributes["client.address"] == forwarded[:256] + "... (4008 characters)"
+    for span in turns:
+        turn_attributes = dict(span.attributes or {})
+        assert turn_attributes["gen_ai.request.model"] == cut(model)
+        assert turn_attributes["gen_ai.request.model"].endswith("... (100004 characters)")
+    # Ids and lanes are refused past their bounds on arrival, so the ones a span gets are whole.
+    assert dict(turns[1].attributes or {})["ws_mode.previous_response_id"] == first
+    assert dict(turns[1].attributes or {})["ws_mode.stream_id"] == "s" * 256
+    for span in spans:
+        for value in dict(span.attributes or {}).values():
+            assert not isinstance(value, str) or len(value) <= LOG_VALUE_CHARS + 30
 
 
 def test_the_handshake_traceparent_is_the_connection_s_parent(
