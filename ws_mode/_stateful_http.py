@@ -28,7 +28,7 @@ import orjson
 
 from ._asgi import Message, Receive, Scope, Send
 from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
-from ._client_events import may_store, store_problem, text_input
+from ._client_events import may_store, store_problem, text_input, too_long_id
 from ._frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from ._handler_call import replay_body
 from ._items import encode_items, with_input
@@ -42,6 +42,7 @@ from ._persistence import (
     store_scope,
 )
 from ._protocol import (
+    MAX_ID_CHARS,
     MEMORY_BUDGET_EXCEEDED,
     TERMINAL_EVENT_BY_STATUS,
     error_body,
@@ -97,6 +98,10 @@ class StatefulHTTP:
             await self._post(scope, receive, send, owner)
             return
         response_id = scope["path"].rsplit("/", 1)[-1]
+        if len(response_id) > MAX_ID_CHARS:  # no server issues one: refused unread, unlogged
+            refusal = too_long_id("response_id", response_id)
+            await _answer(send, 400, refusal.code, refusal.message, param=refusal.param)
+            return
         seconds = self.settings.limits.store_read_seconds
         try:
             async with asyncio.timeout(seconds) as timer:
@@ -146,6 +151,10 @@ class StatefulHTTP:
             await _answer(send, 400, "invalid_type", problem, param="store")
             return
         parent_id = body.get("previous_response_id")
+        if isinstance(parent_id, str) and len(parent_id) > MAX_ID_CHARS:
+            refusal = too_long_id("previous_response_id", parent_id)
+            await _answer(send, 400, refusal.code, refusal.message, param=refusal.param)
+            return
         chain: list[StoredResponse] = []
         if isinstance(parent_id, str):
             try:

@@ -207,3 +207,23 @@ def test_without_stateful_http_plain_http_reaches_the_handler_untouched() -> Non
         answer = post(base_url, input="Hi", previous_response_id="resp_anything")
     # The stateless handler itself refuses an id it cannot resolve.
     assert answer["http_status"] == 400
+
+
+def test_ids_longer_than_any_issued_are_refused_unread(running: Running) -> None:
+    long_id = "resp_" + "x" * 300
+    with httpx.Client(
+        verify=CLIENT_TLS, base_url=running.base_url, headers=KEY, timeout=10
+    ) as client:
+        answers = [
+            client.get(f"/v1/responses/{long_id}"),
+            client.delete(f"/v1/responses/{long_id}"),
+        ]
+    posted = post(running.base_url, input="Go on.", previous_response_id=long_id)
+    errors = [answer.json()["error"] for answer in answers] + [posted["error"]]
+    assert [answer.status_code for answer in answers] + [posted["http_status"]] == [400] * 3
+    assert [(error["code"], error["param"]) for error in errors] == [
+        ("string_above_max_length", "response_id"),
+        ("string_above_max_length", "response_id"),
+        ("string_above_max_length", "previous_response_id"),
+    ]
+    assert all("maximum length 256" in error["message"] for error in errors)
