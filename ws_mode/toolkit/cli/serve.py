@@ -1,4 +1,5 @@
-"""``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn.
+"""``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn (or
+your own app, ``--app MODULE:ATTRIBUTE``, run the same way: :mod:`.your_app`).
 
 One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`).
 With ``--workers N`` (N > 1), N uvicorn worker processes share one socket, each drained before
@@ -44,6 +45,7 @@ from .common import (
     store_from_argument,
 )
 from .metrics import add_metrics_argument, metrics_banner, serve_metrics
+from .your_app import add_app_arguments, serve_app
 
 __all__ = ["ENVIRONMENT", "ServeSettings", "add_command", "app_from_environment", "build_app"]
 
@@ -223,6 +225,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "clients continue from the store on another worker (default: %(default)s)",
     )
     add_metrics_argument(serve)
+    add_app_arguments(serve)
     serve.set_defaults(run=functools.partial(_serve, serve))
 
 
@@ -282,6 +285,12 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.app is not None:
+        return serve_app(parser, args)
+    if args.factory:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: --factory goes with --app", file=sys.stderr)
+        return 2
     settings = ServeSettings.from_arguments(args)
     limits = limits_from_arguments(args)
     workers: int = args.workers
