@@ -124,3 +124,6 @@ def test_figure(tmp_path: Path, check_: str) -> None:
         print(f"{check_}: {rolled.figure()}")
         if check_ == "max_fails=0":
             check(rolled, proxied)
+        else:  # both ports marked down for 10 s: 502 for longer than the clients retry
+            assert rolled.lost, rolled.figure()
+            assert any("HTTP 502" in cause for cause in rolled.causes), rolled.causes
