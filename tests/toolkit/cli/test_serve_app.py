@@ -106,6 +106,6 @@ def test_what_it_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["serve", "--app", "my_app:missing", *directory]) == 1
     assert 'Attribute "missing" not found in module "my_app"' in capsys.readouterr().err
     assert main(["serve", "--app", "my_app:make_app", "--tool-calls", "1", *directory]) == 2
-    assert "--tool-calls configure(s) the reference server" in capsys.readouterr().err
+    assert "--tool-calls: for the reference server only" in capsys.readouterr().err
     assert main(["serve", "--factory"]) == 2
     assert "--factory goes with --app" in capsys.readouterr().err

@@ -170,8 +170,8 @@ def serve_app(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         flags = ", ".join("--" + dest.replace("_", "-") for dest in given)
         parser.print_usage(sys.stderr)
         print(
-            f"{parser.prog}: error: {flags} configure(s) the reference server, not --app: "
-            "your app's WebSocketModeMiddleware takes its options in your code",
+            f"{parser.prog}: error: {flags}: for the reference server only; with --app, "
+            "your WebSocketModeMiddleware takes its options in your code",
             file=sys.stderr,
         )
         return 2
