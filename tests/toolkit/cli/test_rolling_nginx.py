@@ -30,24 +30,27 @@ from tests.rolling import Rolled, converse
 from tests.servers import ws_mode_serve
 
 SEVERAL_SERVERS = "### Several servers behind nginx: rolling restarts"
-#: Turns of a few tenths of a second (no tool calls: a conversation is its questions).
-FLAGS = ("--tool-calls", "0", "--tokens-per-second", "100")
+#: The reference model's speed: turns of a tenth of a second in the fast test, a few tenths
+#: for the figures (no tool calls: a conversation is its questions).
+FAST = "300"
+FIGURE = "100"
 
 
 class Servers:
     """`ws-mode serve` on each of `ports`, sharing the Redis at `store`; restartable."""
 
-    def __init__(self, ports: list[int], store: str, cwd: Path) -> None:
+    def __init__(self, ports: list[int], store: str, cwd: Path, tokens_per_second: str) -> None:
         self.ports = ports
         self.store = store
         self.cwd = cwd
+        self.flags = ("--tool-calls", "0", "--tokens-per-second", tokens_per_second)
         self.running: list[contextlib.ExitStack] = []
 
     def _start(self, port: int) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         # The banner is printed once the server listens.
         stack.enter_context(
-            ws_mode_serve(*FLAGS, "--store", self.store, "--port", str(port), cwd=self.cwd)
+            ws_mode_serve(*self.flags, "--store", self.store, "--port", str(port), cwd=self.cwd)
         )
         return stack
 
@@ -67,14 +70,16 @@ class Servers:
 
 
 @contextlib.contextmanager
-def two_servers_behind_nginx(cwd: Path, upstream: str) -> Iterator[tuple[Servers, str]]:
+def two_servers_behind_nginx(
+    cwd: Path, upstream: str, tokens_per_second: str
+) -> Iterator[tuple[Servers, str]]:
     """Two servers on a Redis behind nginx running the documented block with `upstream` (the
     documented two-server one, or a variant); the servers and nginx's origin."""
     ports = [free_port(), free_port()]
     block = with_upstream(documented_block(), upstream, ports)
     with (
         RedisServer() as redis_server,
-        Servers(ports, redis_server.url, cwd) as servers,
+        Servers(ports, redis_server.url, cwd, tokens_per_second) as servers,
         nginx(None, block, lifetime=600) as proxied,
     ):
         yield servers, proxied
@@ -103,7 +108,7 @@ def check(rolled: Rolled, origin: str) -> None:
 def test_a_back_to_back_roll_of_two_servers_behind_nginx_loses_nothing(tmp_path: Path) -> None:
     upstream = documented_block(SEVERAL_SERVERS)
     assert upstream.count("max_fails=0") == 2
-    with two_servers_behind_nginx(tmp_path, upstream) as (servers, proxied):
+    with two_servers_behind_nginx(tmp_path, upstream, FAST) as (servers, proxied):
         rolled = converse(proxied, clients=8, turns=5, roll=servers.roll)
         check(rolled, proxied)
     # The roll closed the clients' sockets: they came back through nginx to the other server.
@@ -119,7 +124,7 @@ def test_figure(tmp_path: Path, check_: str) -> None:
     upstream = documented_block(SEVERAL_SERVERS)
     if check_ != "max_fails=0":
         upstream = upstream.replace(" max_fails=0", "")
-    with two_servers_behind_nginx(tmp_path, upstream) as (servers, proxied):
+    with two_servers_behind_nginx(tmp_path, upstream, FIGURE) as (servers, proxied):
         rolled = converse(proxied, clients=40, turns=6, roll=servers.roll)
         print(f"{check_}: {rolled.figure()}")
         if check_ == "max_fails=0":
