@@ -16,11 +16,10 @@ instead of draining), e.g.::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast, get_args
 
@@ -36,6 +35,7 @@ from .common import (
     add_server_arguments,
     check_store_works,
     configure_logging,
+    environment,
     is_redis_url,
     limits_from_arguments,
     run_server,
@@ -266,24 +266,6 @@ def build_app(
     )
 
 
-@contextlib.contextmanager
-def _environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with the ``WS_MODE_SERVE_*`` variables set to ``variables`` (the others
-    of them unset), restored on exit."""
-    saved = {name: os.environ.get(name) for name in ENVIRONMENT.values()}
-    for name in ENVIRONMENT.values():
-        os.environ.pop(name, None)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.app is not None:
         return serve_app(parser, args)
@@ -332,7 +314,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         run_server(app, args, limits, metrics_banner(banner, metrics), "server")
         return 0
     variables = settings.environment()
-    with _environment(variables):
+    with environment(variables, ENVIRONMENT.values()):
         ServeSettings.from_environment(os.environ)  # what each worker will read: valid
         run_workers(APP_FACTORY, args, limits, banner, "server")
     return 0

@@ -22,15 +22,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Final
 
 from ws_mode import _logs as logs
 from ws_mode._limits import Limits
 from ws_mode._middleware import find_middlewares
 
-from .common import API_PATH, PROG, CommandError, run_server, run_workers, show_access_log
+from .common import (
+    API_PATH,
+    PROG,
+    CommandError,
+    environment,
+    run_server,
+    run_workers,
+    show_access_log,
+)
 from .metrics import metrics_banner, serve_metrics
 
 __all__ = [
@@ -128,27 +134,6 @@ def app_from_environment() -> Any:
     )
 
 
-@contextmanager
-def _environment(args: argparse.Namespace) -> Iterator[None]:
-    """``os.environ`` with the :data:`ENVIRONMENT` variables of ``args`` (the workers inherit
-    them), restored on exit."""
-    values = {
-        ENVIRONMENT["app"]: args.app,
-        ENVIRONMENT["factory"]: "true" if args.factory else "false",
-        ENVIRONMENT["app_dir"]: os.path.abspath(args.app_dir),
-    }
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def app_limits(app: Any, target: str) -> Limits:
     """The :class:`Limits` of the middleware in ``app`` that takes the largest messages (the
     frame limit must let every middleware's through). :class:`CommandError` when it has
@@ -198,6 +183,11 @@ def serve_app(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             serve_metrics(app, metrics), args, limits, metrics_banner(banner, metrics), "app"
         )
     else:
-        with _environment(args):
+        variables = {
+            ENVIRONMENT["app"]: target,
+            ENVIRONMENT["factory"]: "true" if args.factory else "false",
+            ENVIRONMENT["app_dir"]: os.path.abspath(args.app_dir),
+        }
+        with environment(variables):
             run_workers(APP_FACTORY, args, limits, banner, "app")
     return 0
