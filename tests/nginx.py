@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 DEPLOYMENT = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 NGINX = shutil.which("nginx") or next(
     (path for path in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(path, os.X_OK)),
@@ -98,13 +100,6 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os._exit(127)
     if os.getppid() != parent:
         os._exit(127)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

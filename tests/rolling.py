@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from openai import OpenAI
 from openai.types.responses import Response
 
-from examples.client_resume import Resend, ResumingAgent
+from examples.client_resume import INSTRUCTIONS, TOOLS, Resend, ResumingAgent
 
 #: How long the clients may take to start, and a conversation to end after the roll.
 HANG = 120.0
@@ -106,6 +107,19 @@ class Rolled:
             f"answered 426; {len(self.resends)} turns sent again ({causes or 'none'}); "
             f"{self.whole_context_sends} sent with the whole context"
         )
+
+
+def http_answer(
+    origin: str, history: list[Any], instructions: str = INSTRUCTIONS, tools: Any = TOOLS
+) -> str:
+    """What plain HTTP answers for a whole history, asked as the resume client asks (or with
+    another client's `instructions` and `tools`): the reference model is deterministic, so a
+    conversation continued across servers must end with the same text."""
+    body = {"model": "m", "input": history, "instructions": instructions, "tools": tools}
+    response = httpx.post(origin + "/v1/responses", json=body, timeout=30)
+    response.raise_for_status()
+    text: str = response.json()["output"][0]["content"][0]["text"]
+    return text
 
 
 def converse(

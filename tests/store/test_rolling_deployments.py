@@ -34,9 +34,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from examples import client_resume, client_sdk
+from examples import client_sdk
 from tests.redis_server import RedisServer
-from tests.rolling import converse
+from tests.rolling import converse, http_answer
 from tests.serve_workers import replaced, serving_worker, wait_for_workers
 from tests.servers import ROOT, free_port, stop, ws_mode_serve
 from ws_mode.testing._loopback import ws_max_size
@@ -91,15 +91,6 @@ def uvicorn_workers(tokens_per_second: str) -> Iterator[Uvicorn]:
             stop(process, 30)
 
 
-def http_answer(origin: str, history: list[Any], instructions: str, tools: Any) -> str:
-    """What plain HTTP answers for a whole history (the reference model is deterministic)."""
-    body = {"model": "m", "input": history, "instructions": instructions, "tools": tools}
-    response = httpx.post(origin + "/v1/responses", json=body, timeout=30)
-    response.raise_for_status()
-    text: str = response.json()["output"][0]["content"][0]["text"]
-    return text
-
-
 @contextlib.contextmanager
 def serve_workers(tokens_per_second: str) -> Iterator[Uvicorn]:
     """`ws-mode serve --workers 2` on a real Redis, as docs/deployment.md gives it."""
@@ -134,9 +125,7 @@ def test_figure(deployment: str) -> None:
         for client in rolled.clients:
             assert client.conversations, rolled.figure()
             last = client.conversations[-1]
-            assert last.final.output_text == http_answer(
-                served.origin, last.history, client_resume.INSTRUCTIONS, client_resume.TOOLS
-            )
+            assert last.final.output_text == http_answer(served.origin, last.history)
 
 
 class Streamed(io.StringIO):

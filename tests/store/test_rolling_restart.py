@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from openai import OpenAI
 from openai.types.responses import Response, ResponsesServerEvent
 
-from examples.client_resume import INSTRUCTIONS, TOOLS, Resend, ResumingAgent
+from examples.client_resume import Resend, ResumingAgent
 from tests.redis_server import RedisServer
+from tests.rolling import http_answer
 from tests.serve_workers import listens, replaced, serving_worker, wait_for_workers
 from tests.servers import ServeProcess, ws_mode_serve
 from ws_mode.testing._client import SocketClosed, connect
@@ -69,10 +69,7 @@ class Client:
                 final = self.agent.ask(QUESTION)
                 self.rollouts.append((self.agent.context[: -len(final.output)], final))
             self.agent.close()
-            history = self.rollouts[-1][0]
-            body = {"model": "m", "input": history, "instructions": INSTRUCTIONS, "tools": TOOLS}
-            direct = httpx.post(origin + "/v1/responses", json=body, timeout=30).json()
-            self.http_answer = direct["output"][0]["content"][0]["text"]
+            self.http_answer = http_answer(origin, self.rollouts[-1][0])
         except BaseException as exc:
             self.failure = exc
         finally:

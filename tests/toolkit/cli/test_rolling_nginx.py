@@ -20,14 +20,12 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from examples.client_resume import INSTRUCTIONS, TOOLS
-from tests.nginx import documented_block, free_port, needs_nginx, nginx, with_upstream
+from tests.nginx import documented_block, needs_nginx, nginx, with_upstream
 from tests.redis_server import RedisServer
-from tests.rolling import Rolled, converse
-from tests.servers import ws_mode_serve
+from tests.rolling import Rolled, converse, http_answer
+from tests.servers import free_port, ws_mode_serve
 
 SEVERAL_SERVERS = "### Several servers behind nginx: rolling restarts"
 #: The reference model's speed: turns of a tenth of a second in the fast test, a few tenths
@@ -83,15 +81,6 @@ def two_servers_behind_nginx(
         nginx(None, block, lifetime=600) as proxied,
     ):
         yield servers, proxied
-
-
-def http_answer(origin: str, history: list[dict[str, object]]) -> str:
-    """What plain HTTP answers for a whole history (the reference model is deterministic)."""
-    body = {"model": "m", "input": history, "instructions": INSTRUCTIONS, "tools": TOOLS}
-    response = httpx.post(origin + "/v1/responses", json=body, timeout=30)
-    response.raise_for_status()
-    text: str = response.json()["output"][0]["content"][0]["text"]
-    return text
 
 
 def check(rolled: Rolled, origin: str) -> None:
