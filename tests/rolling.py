@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 from openai import OpenAI
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponsesServerEvent
 
 from examples.client_resume import INSTRUCTIONS, TOOLS, Resend, ResumingAgent
 
@@ -45,8 +45,14 @@ class Client:
     agent: ResumingAgent
     turns: int
     conversations: list[Conversation] = field(default_factory=list)
+    #: The id of every response received (every model call's, tool calls' included).
+    received: list[str] = field(default_factory=list)
     answered: int = 0
     failure: BaseException | None = None
+
+    def record(self, event: ResponsesServerEvent) -> None:
+        if event.type == "response.completed":
+            self.received.append(event.response.id)
 
     def run(self, stop: threading.Event) -> None:
         """Conversations of `turns` questions, one after the other, until `stop` is set."""
@@ -95,6 +101,10 @@ class Rolled:
         return self.causes["connect: HTTP 426"] + lost
 
     @property
+    def received(self) -> list[str]:
+        return [id_ for client in self.clients for id_ in client.received]
+
+    @property
     def whole_context_sends(self) -> int:
         return sum(client.agent.whole_context_sends for client in self.clients)
 
@@ -137,9 +147,9 @@ def converse(
     runners = []
     for _ in range(clients):
         out = open(os.devnull, "w")  # noqa: SIM115 - closed with the client below
-        runners.append(
-            Client(ResumingAgent(openai, model=model, attempts=attempts, out=out), turns)
-        )
+        runner = Client(ResumingAgent(openai, model=model, attempts=attempts, out=out), turns)
+        runner.agent.on_event = runner.record
+        runners.append(runner)
     stop = threading.Event()
     threads = [threading.Thread(target=runner.run, args=(stop,)) for runner in runners]
     for thread in threads:
