@@ -40,7 +40,7 @@ from openai import OpenAI, omit
 from openai.resources.responses.responses import ResponsesConnection
 from openai.types.responses import FunctionToolParam, Response
 from openai.types.websocket_reconnection import is_recoverable_close
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 Item = dict[str, Any]
 
@@ -235,7 +235,8 @@ class Agent:
 @contextmanager
 def _socket_losses() -> Iterator[None]:
     """A close with a code worth coming back after (1001, 1006, 1011, 1012...), or a new
-    socket that could not open, as SocketLost; other closes (1008, 1009) as they are."""
+    socket that could not open yet, as SocketLost; other closes (1008, 1009) and refusals
+    (401, 403...) as they are."""
     try:
         yield
     except ConnectionClosed as closed:
@@ -243,7 +244,11 @@ def _socket_losses() -> Iterator[None]:
         if not is_recoverable_close(code):
             raise
         raise SocketLost(f"close {code}") from closed
-    except (OSError, InvalidHandshake) as exc:
+    except InvalidStatus as refused:  # a draining server (426), a proxy with no upstream yet
+        if refused.response.status_code not in (426, 502, 503, 504):
+            raise
+        raise SocketLost(f"connect: HTTP {refused.response.status_code}") from refused
+    except OSError as exc:  # connection refused: every server restarting
         raise SocketLost(f"connect: {type(exc).__name__}") from exc
 
 
