@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from tests.fresh_python import fresh_output
 from ws_mode import GC_THRESHOLD, Limits, WebSocketModeMiddleware, find_middlewares, tune_gc
@@ -147,15 +147,18 @@ async def until_closed(socket: ClientConnection) -> tuple[list[str], int | None]
 
 
 async def refused_while_draining(url: str) -> BaseException:
-    """Connect until a connection fails (the shutdown has begun); what it failed with: an
-    `OSError` when nothing listens, `InvalidStatus` when an upgrade was answered (426)."""
+    """Connect until a connection is refused (the shutdown has begun); what refused it:
+    `ConnectionRefusedError` when nothing listens, `InvalidStatus` when an upgrade was
+    answered (426)."""
     async with asyncio.timeout(HANG):
         while True:
             try:
                 async with connect(url, open_timeout=HANG):
                     pass  # not shutting down yet
-            except (OSError, InvalidStatus) as refused:
+            except (ConnectionRefusedError, InvalidStatus) as refused:
                 return refused
+            except (OSError, InvalidHandshake):
+                pass  # queued just before the listening socket closed, and dropped with it
             await asyncio.sleep(0.01)
 
 
