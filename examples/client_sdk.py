@@ -16,7 +16,12 @@ What it shows:
   called) with `previous_response_id`; the server keeps the rest;
 - a named lane (`stream_id`): every event of the lane's responses carries it;
 - the documented recovery when the server no longer has the previous response
-  (`previous_response_not_found`): send the whole context again, without the id.
+  (`previous_response_not_found`): send the whole context again, without the id;
+- what a client must do when a restart closes its socket (uvicorn's close 1012, a drain's
+  1001, a turn refused with `server_shutting_down`): open a new socket and send the turn again
+  with the whole context and `previous_response_id` null, since the server the new socket
+  reaches may not have the id (examples/client_resume.py continues from the id instead, for
+  servers that share a store).
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from openai import OpenAI, omit
 from openai.resources.responses.responses import ResponsesConnection
 from openai.types.responses import FunctionToolParam, Response
+from openai.types.websocket_reconnection import is_recoverable_close
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 Item = dict[str, Any]
 
@@ -67,8 +76,17 @@ class TurnFailed(Exception):
         self.code = code
 
 
+class SocketLost(Exception):
+    """The socket closed (or a new one could not open) before the turn's answer came."""
+
+
+#: Errors a server sends right before it closes the socket with 1001: the turn was not run.
+CLOSING_ERRORS = frozenset({"server_shutting_down", "websocket_connection_limit_reached"})
+
+
 class Agent:
-    """One conversation on one lane of a WebSocket mode connection."""
+    """One conversation on one lane of a WebSocket mode connection. Given `reconnect` (a
+    function opening a new connection), it comes back after its socket is closed."""
 
     def __init__(
         self,
@@ -78,12 +96,18 @@ class Agent:
         stream_id: str = "agent",
         out: TextIO = sys.stdout,
         max_steps: int = 8,
+        reconnect: Callable[[], ResponsesConnection] | None = None,
+        attempts: int = 6,
     ) -> None:
         self.connection = connection
         self.model = model
         self.stream_id = stream_id
         self.out = out
         self.max_steps = max_steps
+        self.reconnect = reconnect
+        self.attempts = attempts
+        #: How many times a turn was sent again on a new socket.
+        self.reconnects = 0
         #: The id every next turn continues from.
         self.last_id: str | None = None
         #: The whole conversation, kept only to recover when the server lost its state.
@@ -113,23 +137,60 @@ class Agent:
 
     def turn(self, new_items: list[Item], *, generate: bool = True) -> Response:
         """Send the new items, continuing from the last response; wait for this one."""
-        self._send(new_items, self.last_id, generate)
         try:
-            response = self._wait()
-        except TurnFailed as failure:
-            if failure.code != "previous_response_not_found" or self.last_id is None:
+            response = self._run(new_items, self.last_id, generate)
+        except SocketLost:
+            if self.reconnect is None:
                 raise
-            # The server no longer has our state (a new connection, another worker, an evicted
-            # cache entry): the documented recovery is the whole context, without the id.
-            print("[recovering: resending the whole context]", file=self.out)
-            self._send(self.context + new_items, None, generate)
-            response = self._wait()
+            response = self._run_again(new_items, generate)
         self.context += new_items
         self.context += [item.to_dict() for item in response.output]
         self.last_id = response.id
         return response
 
+    def _run(self, new_items: list[Item], previous_id: str | None, generate: bool) -> Response:
+        self._send(new_items, previous_id, generate)
+        try:
+            return self._wait()
+        except TurnFailed as failure:
+            if failure.code != "previous_response_not_found" or previous_id is None:
+                raise
+            # The server no longer has our state (a new connection, another worker, an evicted
+            # cache entry): the documented recovery is the whole context, without the id.
+            print("[recovering: resending the whole context]", file=self.out)
+            self._send(self.context + new_items, None, generate)
+            return self._wait()
+
+    def _run_again(self, new_items: list[Item], generate: bool) -> Response:
+        """The socket closed before the answer (a restart's 1012, a drain's 1001): the turn
+        died with it. Open a new socket and send the turn again with the whole context and no
+        `previous_response_id`: the server it reaches may not have the id. Wait a little
+        longer before each attempt (a restart may refuse connections for a moment)."""
+        assert self.reconnect is not None
+        for attempt in range(1, self.attempts + 1):
+            time.sleep(min(0.25 * 2 ** (attempt - 1), 4.0))
+            self.close()
+            print("[socket closed: resending the whole context on a new one]", file=self.out)
+            try:
+                with _socket_losses():
+                    self.connection = self.reconnect()
+                self.reconnects += 1
+                return self._run(self.context + new_items, None, generate)
+            except SocketLost:
+                if attempt == self.attempts:
+                    raise
+        raise AssertionError("unreachable")  # every attempt returns or raises
+
+    def close(self) -> None:
+        """Close the socket (it may be closed already)."""
+        with suppress(ConnectionClosed, OSError):
+            self.connection.close()
+
     def _send(self, items: list[Item], previous_id: str | None, generate: bool) -> None:
+        with _socket_losses():
+            self._create(items, previous_id, generate)
+
+    def _create(self, items: list[Item], previous_id: str | None, generate: bool) -> None:
         self.connection.response.create(
             model=self.model,
             instructions=INSTRUCTIONS,  # never inherited from the previous response: every turn
@@ -143,6 +204,10 @@ class Agent:
 
     def _wait(self) -> Response:
         """Print the text as it streams; return the finished response."""
+        with _socket_losses():
+            return self._events()
+
+    def _events(self) -> Response:
         streamed = False
         for event in self.connection:
             lane = getattr(event, "stream_id", None)
@@ -158,10 +223,33 @@ class Agent:
                     print("" if streamed else text, file=self.out)
                 return event.response
             elif event.type == "error":
+                if event.error.code in CLOSING_ERRORS:  # a close with 1001 follows
+                    raise SocketLost(event.error.code)
                 raise TurnFailed(event.error.code, event.error.message)
             elif event.type in ("response.failed", "response.incomplete"):
                 raise TurnFailed(event.type, str(event.response.error or event.response.status))
-        raise ConnectionError("the server closed the connection")
+        # The loop ends without an exception after a close with 1001 (a drain).
+        raise SocketLost("the server closed the connection")
+
+
+@contextmanager
+def _socket_losses() -> Iterator[None]:
+    """A close with a code worth coming back after (1001, 1006, 1011, 1012...), or a new
+    socket that could not open yet, as SocketLost; other closes (1008, 1009) and refusals
+    (401, 403...) as they are."""
+    try:
+        yield
+    except ConnectionClosed as closed:
+        code = closed.rcvd.code if closed.rcvd is not None else 1006
+        if not is_recoverable_close(code):
+            raise
+        raise SocketLost(f"close {code}") from closed
+    except InvalidStatus as refused:  # a draining server (426), a proxy with no upstream yet
+        if refused.response.status_code not in (426, 502, 503, 504):
+            raise
+        raise SocketLost(f"connect: HTTP {refused.response.status_code}") from refused
+    except OSError as exc:  # connection refused: every server restarting
+        raise SocketLost(f"connect: {type(exc).__name__}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,13 +263,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     client = OpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "-"))
-    with client.responses.connect() as connection:  # ws://…/v1/responses
-        agent = Agent(connection, model=args.model, stream_id=args.stream_id)
+
+    def connect() -> ResponsesConnection:  # ws://…/v1/responses
+        return client.responses.connect().enter()
+
+    agent = Agent(connect(), model=args.model, stream_id=args.stream_id, reconnect=connect)
+    try:
         warm = agent.warm_up()
         print(f"[warmed up: {warm.id}]")
         for question in args.questions:
             print(f"> {question}")
             agent.ask(question)
+    finally:
+        agent.close()
     return 0
 
 

@@ -5,7 +5,9 @@ application's lifespan shutdown runs, so the middleware cannot give running turn
 period from there. `Server` drains the middlewares first: running turns finish (up to
 `Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
 the store writes still under way land (each within its own timeout) before the process
-exits. It also drops uvicorn's spurious error line after the upgrades ws_mode refused
+exits. Its listening sockets close before the drain begins, so new connections are refused
+(and a load balancer sends them to another server) rather than answered 426. It also drops
+uvicorn's spurious error line after the upgrades ws_mode refused
 (`RefusalLineFilter`, also exported here with `show_on_stderr` for programs that configure
 uvicorn's logging themselves).
 
@@ -44,7 +46,8 @@ __all__ = [
 
 
 class Server(uvicorn.Server):
-    """A `uvicorn.Server` that drains WebSocket mode before it shuts down.
+    """A `uvicorn.Server` that stops accepting, then drains WebSocket mode, before it shuts
+    down.
 
     `middlewares` defaults to those found in the configured app (`find_middlewares`).
     Once started it calls `tune_gc(gc_threshold)`; `gc_threshold=None` leaves Python's
@@ -74,5 +77,16 @@ class Server(uvicorn.Server):
             tune_gc(self.gc_threshold)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop accepting, drain the middlewares, then uvicorn's own shutdown."""
+        self.stop_accepting()
         await asyncio.gather(*(middleware.drain() for middleware in self.middlewares))
         await super().shutdown(sockets)
+
+    def stop_accepting(self) -> None:
+        """Close this process's listening sockets (uvicorn's shutdown closes them again,
+        harmlessly). A draining middleware would answer a new upgrade 426, which tells Codex
+        to use HTTP for good; with nothing listening, a connection is refused, and a load
+        balancer or a client's retry reaches another server instead. Workers sharing one
+        listening socket each close their own copy only: the others keep accepting."""
+        for listening in getattr(self, "servers", ()):  # set by startup()
+            listening.close()

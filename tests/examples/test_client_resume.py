@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from openai import OpenAI
 from openai.types.responses import ResponsesServerEvent
 from openai.types.websocket_reconnection import ReconnectingEvent, ReconnectingOverrides
 
-from examples.client_resume import INSTRUCTIONS, TOOLS, Resend, ResumingAgent
+from examples.client_resume import TOOLS, Resend, ResumingAgent
 from tests.redis_server import RedisServer
+from tests.rolling import http_answer
 from tests.serve_workers import serving_worker, wait_for_workers
 from tests.servers import ROOT, ws_mode_serve
 
@@ -81,16 +81,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             yield Served(s.process.pid, port, s.origin, client)
         finally:
             client.close()
-
-
-def http_answer(origin: str, history: list[dict[str, Any]]) -> str:
-    """What plain HTTP answers for the whole history (the reference model is deterministic:
-    the same context gives the same text)."""
-    body = {"model": "m", "input": history, "instructions": INSTRUCTIONS, "tools": TOOLS}
-    response = httpx.post(origin + "/v1/responses", json=body, timeout=30)
-    response.raise_for_status()
-    text: str = response.json()["output"][0]["content"][0]["text"]
-    return text
 
 
 def test_a_turn_cut_by_a_killed_worker_is_sent_again_and_the_rollout_finishes(

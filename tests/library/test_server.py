@@ -1,8 +1,9 @@
 """`ws_mode.server.Server`, uvicorn that drains WebSocket mode before it shuts down: it finds
-the middlewares in its app (or is given them); on shutdown, while uvicorn still listens, new
-sockets are refused, running turns finish and sockets close with 1001, where a plain
-`uvicorn.Server` closes them at once with 1012; and it drops uvicorn's spurious line after a
-refused upgrade (`RefusalLineFilter`, whose effect tests/library/test_logs.py shows)."""
+the middlewares in its app (or is given them); on shutdown it stops listening first (a new
+connection is refused at TCP level, never answered 426), running turns finish and sockets close
+with 1001, where a plain `uvicorn.Server` closes them at once with 1012; and it drops uvicorn's
+spurious line after a refused upgrade (`RefusalLineFilter`, whose effect
+tests/library/test_logs.py shows)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from tests.fresh_python import fresh_output
 from ws_mode import GC_THRESHOLD, Limits, WebSocketModeMiddleware, find_middlewares, tune_gc
@@ -145,21 +146,24 @@ async def until_closed(socket: ClientConnection) -> tuple[list[str], int | None]
     return kinds, socket.close_code
 
 
-async def refused_while_draining(url: str) -> int:
-    """Connect until the middleware refuses the upgrade (its drain has begun: uvicorn still
-    listens); the status of the refusal."""
+async def refused_while_draining(url: str) -> BaseException:
+    """Connect until a connection is refused (the shutdown has begun); what refused it:
+    `ConnectionRefusedError` when nothing listens, `InvalidStatus` when an upgrade was
+    answered (426)."""
     async with asyncio.timeout(HANG):
         while True:
             try:
-                async with connect(url):
-                    pass  # not draining yet
-            except InvalidStatus as refused:
-                return refused.response.status_code
+                async with connect(url, open_timeout=HANG):
+                    pass  # not shutting down yet
+            except (ConnectionRefusedError, InvalidStatus) as refused:
+                return refused
+            except (OSError, InvalidHandshake):
+                pass  # queued just before the listening socket closed, and dropped with it
             await asyncio.sleep(0.01)
 
 
 @pytest.mark.anyio
-async def test_on_shutdown_running_turns_finish_then_sockets_close_with_1001() -> None:
+async def test_on_shutdown_it_stops_listening_then_running_turns_finish_and_close_1001() -> None:
     held = Held()
     middleware = WebSocketModeMiddleware(
         Starlette(routes=held.routes()), limits=Limits(shutdown_grace_seconds=HANG)
@@ -172,7 +176,11 @@ async def test_on_shutdown_running_turns_finish_then_sockets_close_with_1001() -
             await send_create(socket)
             await asyncio.wait_for(held.started.wait(), HANG)
             server.should_exit = True
-            assert await refused_while_draining(url) == 426
+            # Nothing listens any more: a balancer sends the connection to another server,
+            # where a 426 would send Codex to HTTP for good.
+            refused = await refused_while_draining(url)
+            assert isinstance(refused, ConnectionRefusedError), repr(refused)
+            assert not held.release.is_set()  # the turn still runs: the drain is under way
             held.release.set()  # the running turn ends only now, during the drain
             kinds, code = await until_closed(socket)
     assert kinds[-1] == "response.completed"

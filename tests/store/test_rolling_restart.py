@@ -16,23 +16,17 @@ docs/deployment.md (run it with `-s`).
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import redis
-from openai import OpenAI
-from openai.types.responses import Response, ResponsesServerEvent
 
-from examples.client_resume import INSTRUCTIONS, TOOLS, Resend, ResumingAgent
 from tests.redis_server import RedisServer
+from tests.rolling import Rolled, converse, http_answer
 from tests.serve_workers import listens, replaced, serving_worker, wait_for_workers
 from tests.servers import ServeProcess, ws_mode_serve
 from ws_mode.testing._client import SocketClosed, connect
@@ -44,71 +38,27 @@ QUESTION = "Plan the release."
 
 
 @dataclass
-class Client:
-    """One client thread: its agent, and what it got."""
-
-    agent: ResumingAgent
-    #: Every response received, by id.
-    received: list[str] = field(default_factory=list)
-    #: Each finished rollout: its history before the last turn, and the final response.
-    rollouts: list[tuple[list[dict[str, Any]], Response]] = field(default_factory=list)
-    #: What plain HTTP answers for the last rollout's history, asked once the rollouts end.
-    http_answer: str | None = None
-    failure: BaseException | None = None
-
-    def record(self, event: ResponsesServerEvent) -> None:
-        if event.type == "response.completed":
-            self.received.append(event.response.id)
-
-    def run(self, origin: str, stop: threading.Event) -> None:
-        """Rollouts one after the other on one socket, until `stop` is set; then the last
-        one's history over plain HTTP."""
-        try:
-            while not stop.is_set():
-                self.agent.start_over()
-                final = self.agent.ask(QUESTION)
-                self.rollouts.append((self.agent.context[: -len(final.output)], final))
-            self.agent.close()
-            history = self.rollouts[-1][0]
-            body = {"model": "m", "input": history, "instructions": INSTRUCTIONS, "tools": TOOLS}
-            direct = httpx.post(origin + "/v1/responses", json=body, timeout=30).json()
-            self.http_answer = direct["output"][0]["content"][0]["text"]
-        except BaseException as exc:
-            self.failure = exc
-        finally:
-            self.agent.close()
-
-
-@dataclass
 class Outcome:
-    """What a run under restarts gave."""
+    """What a run under restarts gave: the conversations (one question each, answered after
+    the tool calls), and the ids of the responses in Redis."""
 
     workers: int
     restarts: int
-    clients: list[Client]
+    rolled: Rolled
     stored: set[str]
-
-    @property
-    def rollouts(self) -> int:
-        return sum(len(client.rollouts) for client in self.clients)
-
-    @property
-    def resends(self) -> list[Resend]:
-        return [resend for client in self.clients for resend in client.agent.resends]
-
-    @property
-    def causes(self) -> collections.Counter[str]:
-        return collections.Counter(resend.cause for resend in self.resends)
+    #: What plain HTTP answers for each client's last conversation, asked after the restarts.
+    http_answers: list[str]
 
     def figure(self) -> str:
-        lost = sum(1 for c in self.clients for id_ in c.received if id_ not in self.stored)
-        causes = ", ".join(f"{count} after {cause}" for cause, count in self.causes.most_common())
+        lost = sum(1 for id_ in self.rolled.received if id_ not in self.stored)
+        resends = self.rolled.resends
+        causes = ", ".join(f"{n} after {cause}" for cause, n in self.rolled.causes.most_common())
         return (
-            f"{self.rollouts} rollouts of {TOOL_CALLS + 1} turns by {len(self.clients)} "
-            f"clients during {self.restarts} rolling restart(s) of {self.workers} workers: "
-            f"{lost} lost responses, every rollout finished; "
-            f"{len(self.resends)} turns sent again after their socket closed ({causes}), "
-            f"{sum(resend.begun for resend in self.resends)} of them begun on the old worker"
+            f"{self.rolled.finished} rollouts of {TOOL_CALLS + 1} turns by "
+            f"{len(self.rolled.clients)} clients during {self.restarts} rolling restart(s) of "
+            f"{self.workers} workers: {lost} lost responses, every rollout finished; "
+            f"{len(resends)} turns sent again after their socket closed ({causes}), "
+            f"{sum(resend.begun for resend in resends)} of them begun on the old worker"
         )
 
 
@@ -132,57 +82,43 @@ def run_under_restarts(
     ):
         pid = served.process.pid
         current = wait_for_workers(pid, workers)
-        openai = OpenAI(base_url=served.origin + "/v1", api_key="-", max_retries=0, timeout=30)
-        runners: list[Client] = []
-        for _ in range(clients):
-            runner = Client(ResumingAgent(openai, model="m", out=open(os.devnull, "w")))  # noqa: SIM115
-            runner.agent.on_event = runner.record
-            runners.append(runner)
-        stop = threading.Event()
-        threads = [
-            threading.Thread(target=runner.run, args=(served.origin, stop)) for runner in runners
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            # Every client holds a socket on an old worker before the restart begins.
-            deadline = time.monotonic() + 60
-            while not all(runner.received or runner.failure for runner in runners):
-                assert time.monotonic() < deadline, "the clients did not start"
-                time.sleep(0.02)
+
+        def roll() -> None:  # every client holds a socket on an old worker by now
+            nonlocal current
             for _ in range(restarts):
                 os.kill(pid, signal.SIGHUP)
                 current = replaced(pid, current, timeout=120)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
-            for runner in runners:
-                runner.agent.out.close()
-        assert not any(thread.is_alive() for thread in threads)
-        outcome = Outcome(workers, restarts, runners, stored_ids(redis_server.url))
+
+        rolled = converse(served.origin, clients=clients, turns=1, roll=roll)
+        answers = [
+            http_answer(served.origin, client.conversations[-1].history)
+            for client in rolled.clients
+            if client.conversations
+        ]
+        outcome = Outcome(workers, restarts, rolled, stored_ids(redis_server.url), answers)
     return outcome, served
 
 
 def check(outcome: Outcome) -> None:
-    for client in outcome.clients:
-        assert client.failure is None, repr(client.failure)
-        assert client.rollouts
-        for _, final in client.rollouts:
-            assert f"answered after {TOOL_CALLS} tool calls" in final.output_text
+    rolled = outcome.rolled
+    assert not rolled.lost, rolled.lost
+    assert len(outcome.http_answers) == len(rolled.clients)  # each client finished one
+    for client, answer in zip(rolled.clients, outcome.http_answers, strict=True):
+        for conversation in client.conversations:
+            assert f"answered after {TOOL_CALLS} tool calls" in conversation.final.output_text
         # The chain the workers rebuilt from the store is the client's history, item for item.
-        assert client.http_answer == client.rollouts[-1][1].output_text
+        assert answer == client.conversations[-1].final.output_text
         # Its first socket's worker is gone: it came back at least once.
         assert client.agent.resends
         # Every continuation found its parent (none was sent again with the whole context).
         assert client.agent.whole_context_sends == 0
-    assert all(id_ in outcome.stored for c in outcome.clients for id_ in c.received)
+    assert all(id_ in outcome.stored for id_ in rolled.received)
     # A cut socket's causes are the drain's: a close with 1001, or a turn refused while the
     # worker drained.
-    assert set(outcome.causes) <= {"close 1001", "server_shutting_down"}, outcome.causes
+    assert set(rolled.causes) <= {"close 1001", "server_shutting_down"}, rolled.causes
     # The drain let every turn the old workers had begun finish: only turns they never ran
     # were sent again.
-    assert not any(resend.begun for resend in outcome.resends), outcome.resends
+    assert not any(resend.begun for resend in rolled.resends), rolled.resends
 
 
 def test_a_stopped_worker_finishes_its_turn_then_closes_with_1001_and_accepts_no_more(

@@ -7,150 +7,27 @@ fails and its hint gives both numbers; behind it, uvicorn's default frame limit 
 close 1009 mostly reaches the client as a dropped connection through nginx). The ingress-nginx
 annotations the document gives are checked against the directives of the block the tests run.
 
-nginx is an OS package (Debian's ``nginx-light`` or ``nginx``), which the project's test
-command does not install: without it the tests that run it skip, saying so.
+nginx is an OS package (Debian's ``nginx-light`` or ``nginx``): tests/nginx.py runs it, and the
+tests skip where it is not installed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import inspect
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import uvicorn
 
+from tests.nginx import LIFETIME, documented_block, needs_nginx, nginx
 from tests.toolkit.cli.checks import flat, row, run
 from ws_mode.testing._loopback import ServerThread, ws_max_size
 from ws_mode.toolkit.cli.serve import build_app
 
-DEPLOYMENT = Path(__file__).resolve().parents[3] / "docs" / "deployment.md"
-NGINX = shutil.which("nginx") or next(
-    (path for path in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(path, os.X_OK)),
-    None,
-)
-needs_nginx = pytest.mark.skipif(
-    NGINX is None,
-    reason="nginx is not installed (an OS package the test command does not install: "
-    "apt-get install nginx-light)",
-)
 #: uvicorn's own default frame limit (16 MiB), as a server started without --ws-max-size has.
 UVICORN_WS_MAX_SIZE: int = inspect.signature(uvicorn.Config).parameters["ws_max_size"].default
-#: How long nginx may run, whatever happens to the test.
-LIFETIME = 120.0
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def documented_block(heading: str = "## Reverse proxies", language: str = "nginx") -> str:
-    """The first ``language`` code block under ``heading`` in docs/deployment.md."""
-    text = DEPLOYMENT.read_text()
-    section = text[text.index(heading + "\n") :]
-    found = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
-    assert found, f"no {language} block under {heading}"
-    return found.group(1)
-
-
-def nginx_config(block: str, *, upstream: str, port: int, prefix: Path) -> str:
-    """A whole nginx.conf around the documented ``block``: its upstream at ``upstream``
-    (``host:port``), its ``listen`` on 127.0.0.1:``port`` without TLS, one process in the
-    foreground, every file under ``prefix``."""
-    upstream_line = "    server 127.0.0.1:8000;"
-    listen_line = "    listen 443 ssl;"
-    assert upstream_line in block, "the documented block changed"
-    assert listen_line in block, "the documented block changed"
-    block = block.replace(upstream_line, f"    server {upstream};")
-    block = block.replace(listen_line, f"    listen 127.0.0.1:{port};")
-    temp = "\n".join(
-        f"    {kind}_temp_path {prefix / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""daemon off;
-master_process off;
-pid {prefix / "nginx.pid"};
-error_log {prefix / "error.log"} warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-{temp}
-{block}
-}}
-"""
-
-
-def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child
-    """Between fork and exec: SIGKILL nginx when the thread that started it ends."""
-    if _LIBC is None or _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        os._exit(127)
-    if os.getppid() != parent:
-        os._exit(127)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def nginx(upstream_url: str, block: str | None = None) -> Iterator[str]:
-    """nginx with the documented configuration (or ``block``) in front of ``upstream_url``, on
-    loopback; yields its ``http://127.0.0.1:PORT``. It is killed when the block exits, when
-    the thread that started it ends, or after :data:`LIFETIME` seconds."""
-    assert NGINX is not None
-    upstream = upstream_url.removeprefix("http://")
-    with tempfile.TemporaryDirectory(prefix="ws-mode-nginx-") as directory:
-        prefix = Path(directory)
-        port = free_port()
-        config = prefix / "nginx.conf"
-        config.write_text(
-            nginx_config(block or documented_block(), upstream=upstream, port=port, prefix=prefix)
-        )
-        parent = os.getpid()
-        process = subprocess.Popen(
-            [NGINX, "-p", str(prefix), "-c", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            preexec_fn=lambda: _die_with_parent(parent),
-        )
-        timer = threading.Timer(LIFETIME, process.kill)
-        timer.daemon = True
-        timer.start()
-        try:
-            _wait_listening(port, process, prefix / "error.log")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            timer.cancel()
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-
-
-def _wait_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and process.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.02)
-    said = log.read_text() if log.exists() else ""
-    raise RuntimeError(f"nginx did not start on port {port}: {said[-2000:]}")
 
 
 @contextlib.contextmanager

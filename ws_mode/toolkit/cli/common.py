@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,6 +46,7 @@ __all__ = [
     "Requirements",
     "add_server_arguments",
     "check_store_works",
+    "environment",
     "limits_from_arguments",
     "run_server",
     "run_workers",
@@ -228,6 +230,24 @@ def check_store_works(text: str | None, *, start_degraded: bool) -> None:
         raise CommandError(
             f"the store does not work: {problem} (to start anyway: --start-degraded)"
         )
+
+
+@contextlib.contextmanager
+def environment(variables: Mapping[str, str], names: Iterable[str] = ()) -> Iterator[None]:
+    """``os.environ`` with ``variables`` set and the other ``names`` unset, restored on exit:
+    what the worker processes of ``--workers N`` inherit."""
+    saved = {name: os.environ.get(name) for name in {*names, *variables}}
+    for name in saved:
+        os.environ.pop(name, None)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def url_host(host: str) -> str:

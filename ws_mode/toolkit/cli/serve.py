@@ -1,4 +1,5 @@
-"""``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn.
+"""``ws-mode serve``: the reference Responses server with WebSocket mode, under uvicorn (or
+your own app, ``--app MODULE:ATTRIBUTE``, run the same way: :mod:`.your_app`).
 
 One process by default (drained on shutdown, :func:`~ws_mode.toolkit.cli.common.run_server`).
 With ``--workers N`` (N > 1), N uvicorn worker processes share one socket, each drained before
@@ -15,11 +16,10 @@ instead of draining), e.g.::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast, get_args
 
@@ -35,6 +35,7 @@ from .common import (
     add_server_arguments,
     check_store_works,
     configure_logging,
+    environment,
     is_redis_url,
     limits_from_arguments,
     run_server,
@@ -44,6 +45,7 @@ from .common import (
     store_from_argument,
 )
 from .metrics import add_metrics_argument, metrics_banner, serve_metrics
+from .your_app import add_app_arguments, serve_app
 
 __all__ = ["ENVIRONMENT", "ServeSettings", "add_command", "app_from_environment", "build_app"]
 
@@ -223,6 +225,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "clients continue from the store on another worker (default: %(default)s)",
     )
     add_metrics_argument(serve)
+    add_app_arguments(serve)
     serve.set_defaults(run=functools.partial(_serve, serve))
 
 
@@ -263,25 +266,13 @@ def build_app(
     )
 
 
-@contextlib.contextmanager
-def _environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with the ``WS_MODE_SERVE_*`` variables set to ``variables`` (the others
-    of them unset), restored on exit."""
-    saved = {name: os.environ.get(name) for name in ENVIRONMENT.values()}
-    for name in ENVIRONMENT.values():
-        os.environ.pop(name, None)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.app is not None:
+        return serve_app(parser, args)
+    if args.factory:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: --factory goes with --app", file=sys.stderr)
+        return 2
     settings = ServeSettings.from_arguments(args)
     limits = limits_from_arguments(args)
     workers: int = args.workers
@@ -323,7 +314,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         run_server(app, args, limits, metrics_banner(banner, metrics), "server")
         return 0
     variables = settings.environment()
-    with _environment(variables):
+    with environment(variables, ENVIRONMENT.values()):
         ServeSettings.from_environment(os.environ)  # what each worker will read: valid
         run_workers(APP_FACTORY, args, limits, banner, "server")
     return 0

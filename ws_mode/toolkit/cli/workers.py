@@ -7,11 +7,12 @@ the old one gets SIGTERM): a rolling restart. Its workers are plain ``uvicorn.Se
 close every WebSocket with 1012 the moment they stop and cancel the turns running on them.
 
 :class:`DrainingSupervisor` runs :class:`DrainingWorker`\\ s instead. A worker told to stop
-first stops accepting: the other workers share the listening socket, so new connections go
-to them (a draining middleware would refuse them with 426, which tells Codex to fall back to
-HTTP). Then it drains as :class:`ws_mode.server.Server` does: running turns finish (up to
-``Limits.shutdown_grace_seconds``), sockets close with 1001, which the openai SDK counts as
-recoverable, and the store writes under way land. Only then does uvicorn's own shutdown run.
+first stops accepting, as every :class:`ws_mode.server.Server` does: the other workers share
+the listening socket, so new connections go to them (a draining middleware would refuse them
+with 426, which tells Codex to fall back to HTTP). Then it drains as the ``Server`` does:
+running turns finish (up to ``Limits.shutdown_grace_seconds``), sockets close with 1001, which
+the openai SDK counts as recoverable, and the store writes under way land. Only then does
+uvicorn's own shutdown run.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ START_SECONDS: Final = 30.0
 
 
 class DrainingWorker(Server):
-    """One worker's server: it stops accepting, then drains the middlewares of its app.
+    """One worker's server: it stops accepting (closing its copy of the shared listening
+    socket: :meth:`Server.stop_accepting`), then drains the middlewares of its app.
 
     The app is a factory's, built in the worker when uvicorn loads it, so the middlewares are
     found once the server has started."""
@@ -49,12 +51,6 @@ class DrainingWorker(Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self.middlewares = find_middlewares(self.config.loaded_app)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # The listening socket is shared: closing this worker's copy leaves it to the others.
-        for listening in self.servers:
-            listening.close()
-        await super().shutdown(sockets)
 
 
 class DrainingProcess(multiprocess.Process):
