@@ -114,9 +114,12 @@ def test_stateful_get_with_a_forged_id_logs_it_escaped_and_answers_generically(
     origin: str, stopped_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # %0A in a path is a newline in the ASGI scope's (decoded) path.
-    forged = "resp_1%0AERROR:%20forged" + "y" * 30_000
+    # As long as an id may be (256 characters): a longer one is refused before the store is read.
+    forged = "resp_1%0AERROR:%20forged" + "y" * 230
     with caplog.at_level(logging.WARNING, logger="ws_mode"):
         answer = httpx.get(f"{origin}/v1/responses/{forged}", timeout=20)
+        longer = httpx.get(f"{origin}/v1/responses/{forged}{'y' * 10}", timeout=20)
+    assert longer.json()["error"]["code"] == "string_above_max_length"
     assert answer.status_code == 503
     assert answer.json()["error"]["code"] == "store_unavailable"
     assert str(stopped_redis.port) not in answer.text
