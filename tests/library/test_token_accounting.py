@@ -173,27 +173,36 @@ def answer_call(response: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call["call_id"], "output": "lines 1-40"}
 
 
-def over_the_socket(url: str, key: str) -> list[dict[str, Any]]:
+def over_the_socket(url: str, key: str, *, interrupt: bool) -> dict[str, dict[str, Any]]:
     """The conversation: a question (a tool call, its output, the answer), a follow-up that is
-    interrupted, another follow-up from the answer (a tool call, its output, the answer). The
-    terminal responses the client received, in order."""
+    interrupted (with `interrupt`), another follow-up from the answer (a tool call, its output,
+    the answer). The terminal responses the client received, by turn."""
     with connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
-        first = socket_turn(ws, input=[user("Where is the configuration loaded?")])
-        answered = socket_turn(ws, previous_response_id=first["id"], input=[answer_call(first)])
-        held = {"hold": "1"}
-        cut = interrupted_turn(
-            ws, previous_response_id=answered["id"], input=[user("Why?")], metadata=held
+        turns = {"first": socket_turn(ws, input=[user("Where is the configuration loaded?")])}
+        first = turns["first"]
+        turns["answered"] = socket_turn(
+            ws, previous_response_id=first["id"], input=[answer_call(first)]
         )
-        again = socket_turn(ws, previous_response_id=answered["id"], input=[user("And how?")])
-        last = socket_turn(ws, previous_response_id=again["id"], input=[answer_call(again)])
-    return [first, answered, cut, again, last]
+        answered = turns["answered"]["id"]
+        if interrupt:
+            held = {"hold": "1"}
+            turns["cut"] = interrupted_turn(
+                ws, previous_response_id=answered, input=[user("Why?")], metadata=held
+            )
+        turns["again"] = again = socket_turn(
+            ws, previous_response_id=answered, input=[user("And how?")]
+        )
+        turns["last"] = socket_turn(
+            ws, previous_response_id=again["id"], input=[answer_call(again)]
+        )
+    return turns
 
 
-def over_http(base: str, socket: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+def over_http(base: str, socket: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
     """The same conversation over plain HTTP, the client sending the whole history: the
-    terminal responses (None for the turn the client abandoned, as it interrupted it). The
-    history is the one the socket's client had (its tool calls' ids are random), so each turn
-    reads the very context its socket turn read."""
+    terminal responses by turn (None for the turn the client abandoned, as it interrupted it).
+    The history is the one the socket's client had (its tool calls' ids are random), so each
+    turn reads the very context its socket turn read."""
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-http", max_retries=0)
 
     def create(history: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -201,23 +210,24 @@ def over_http(base: str, socket: list[dict[str, Any]]) -> list[dict[str, Any] | 
         dumped: dict[str, Any] = response.model_dump(mode="json")
         return dumped
 
-    first, answered, _cut, again, _last = socket
     history = [user("Where is the configuration loaded?")]
-    over = [create(history)]
-    history += [*first["output"], answer_call(first)]
-    over.append(create(history))
-    history += answered["output"]
-    with client.responses.create(  # type: ignore[call-overload]
-        **FIELDS, input=[*history, user("Why?")], metadata={"hold": "1"}, stream=True
-    ) as stream:
-        for event in stream:
-            assert event.type != "response.completed"
-            if event.type == "response.in_progress":
-                break  # the client leaves: it hears no usage
+    over: dict[str, dict[str, Any] | None] = {"first": create(history)}
+    history += [*socket["first"]["output"], answer_call(socket["first"])]
+    over["answered"] = create(history)
+    history += socket["answered"]["output"]
+    if "cut" in socket:
+        with client.responses.create(  # type: ignore[call-overload]
+            **FIELDS, input=[*history, user("Why?")], metadata={"hold": "1"}, stream=True
+        ) as stream:
+            for event in stream:
+                assert event.type != "response.completed"
+                if event.type == "response.in_progress":
+                    break  # the client leaves: it hears no usage
+        over["cut"] = None
     history += [user("And how?")]
-    over += [None, create(history)]
-    history += [*again["output"], answer_call(again)]
-    over.append(create(history))
+    over["again"] = create(history)
+    history += [*socket["again"]["output"], answer_call(socket["again"])]
+    over["last"] = create(history)
     return over
 
 
@@ -239,9 +249,10 @@ def scraped(text: str, name: str) -> dict[tuple[str, str], float]:
     }
 
 
-def test_the_tokens_counted_over_the_socket_are_those_the_client_received_and_those_of_http() -> (
-    None
-):
+@pytest.mark.parametrize("full_context", ["always", "on_miss"])
+def test_the_tokens_counted_over_the_socket_are_those_the_client_received_and_those_of_http(
+    full_context: str,
+) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -252,32 +263,39 @@ def test_the_tokens_counted_over_the_socket_are_those_the_client_received_and_th
     billed = namespace["billed"]
     [added] = [each for each in app.user_middleware if each.cls is not Held]
     added.kwargs["tracer_provider"] = provider  # this test's spans, not the process's
+    # `on_miss`: continuations reach the reference with their new input only, and it hands its
+    # events to ws_mode as objects (its cache-aware path), all at once: nothing to interrupt.
+    added.kwargs["full_context"] = full_context
+    interrupt = full_context == "always"
     [middleware] = find_middlewares(app)
     middleware.stats.name = "token-accounting"
     served = with_metrics(app, registry=CollectorRegistry())
 
     with serve(served) as base:
         url = base.replace("http", "ws") + "/v1/responses"
-        team_a = over_the_socket(url, "sk-team-a")
+        by_turn = over_the_socket(url, "sk-team-a", interrupt=interrupt)
         team_b = [socket_turn_alone(url, "sk-team-b")]
         # A turn's tokens are counted as its lane moves on, around its terminal event's send.
-        turns = len(team_a) + len(team_b)
+        turns = len(by_turn) + len(team_b)
         until(lambda: middleware.stats.turns == turns and not middleware.stats.connections_open)
         scrape = httpx.get(f"{base}/metrics", timeout=RECV).text
     with serve(Held(create_app(CONFIG))) as plain:
-        http = over_http(plain, team_a)
+        http = over_http(plain, by_turn)
 
+    # `on_miss`: the continuations took the reference's cache-aware path (resumed contexts).
+    assert (app.state.reference_stats.resumed > 0) is (full_context == "on_miss")
+    team_a = list(by_turn.values())
     usages_a = [response["usage"] for response in team_a]
-    interrupted = team_a[2]
-    assert interrupted["usage"] is None  # the reference reports usage at the end only
-    assert all(counts(usage)["input"] > 0 for i, usage in enumerate(usages_a) if i != 2)
+    if interrupt:
+        assert by_turn["cut"]["usage"] is None  # the reference reports usage at the end only
+    assert all(counts(by_turn[name]["usage"])["input"] > 0 for name in by_turn if name != "cut")
     received = total(usages_a + [response["usage"] for response in team_b])
 
     # Over plain HTTP the same turns report the same usage: the same contexts, the same tokens.
-    assert [counts(r["usage"]) if r else None for r in http] == [
-        counts(r["usage"]) if r is not interrupted else None for r in team_a
-    ]
-    assert total([r["usage"] for r in http if r is not None]) == total(usages_a)
+    assert {name: counts(r["usage"]) if r else None for name, r in http.items()} == {
+        name: counts(r["usage"]) if name != "cut" else None for name, r in by_turn.items()
+    }
+    assert total([r["usage"] for r in http.values() if r is not None]) == total(usages_a)
 
     # Stats, the scrape: what the clients received, under the model the responses name.
     snapshot = middleware.stats.snapshot()["tokens"]
