@@ -16,6 +16,7 @@ from typing import Any
 
 from . import _access_log as access_log
 from ._asgi import Scope
+from ._tap import Usage
 from ._tracing import ConnectionSpan, Tracing, TurnSpan
 
 #: The `close_code` of a connection that ended without a close frame (RFC 6455 §7.4.1).
@@ -79,6 +80,11 @@ class TurnRecord:
     error_code: str | None = None
     bytes_out: int = 0
     duration: float = 0.0
+    #: The model its response object names (the handler's or its upstream's word, which may
+    #: differ from the request's), and the tokens the response's terminal event reports in
+    #: its `usage` (None: it reported none, or no response ended).
+    model: str | None = None
+    usage: Usage | None = None
 
     def failed(self, code: str | None) -> None:
         """The turn ended with an error (`code`: its error code)."""
@@ -164,6 +170,16 @@ def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
     }
     if record.response_id is not None:
         attributes["gen_ai.response.id"] = record.response_id
+    if record.model is not None:
+        attributes["gen_ai.response.model"] = record.model
+    usage = record.usage
+    if usage is not None:
+        # OpenTelemetry's GenAI names: the cached and reasoning counts are parts of the input
+        # and output counts, as in the Responses API's `usage`.
+        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
+        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
     if record.cache is not None:
         attributes["ws_mode.cache.hit"] = record.cache == "hit"
         attributes["ws_mode.store.hydrated"] = record.cache == "store"

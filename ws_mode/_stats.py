@@ -1,5 +1,5 @@
 """Counters a deployment watches: connections, turns, the cache, the store, bytes saved,
-errors, latency, the memory budget.
+errors, latency, the memory budget, the tokens responses used.
 
 One `Stats` per middleware: `middleware.stats.snapshot()` returns plain numbers, JSON-safe (for
 logs or a health endpoint), under the keys of one table, `METRICS`, from which
@@ -16,18 +16,35 @@ import weakref
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from ._budget import MemoryBudget
+from ._logs import cut
+
+if TYPE_CHECKING:
+    from ._tap import Usage
 
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: The last bucket's bound as `snapshot()` and Prometheus write it (JSON has no infinity).
 INF_BOUND = "+Inf"
 
+#: The kinds of tokens counted, as `snapshot()["tokens"]` and the Prometheus `kind` label name
+#: them: a response's `usage.input_tokens`, `.input_tokens_details.cached_tokens` (a part of
+#: the input), `.output_tokens` and `.output_tokens_details.reasoning_tokens` (a part of the
+#: output).
+TOKEN_KINDS: Final = ("input", "cached_input", "output", "reasoning")
+#: How many models get token counts of their own, the first to report usage (their names as
+#: the response objects give them, cut as log values are): a bound on the Prometheus series
+#: (4 per model) and on what a `Stats` keeps, whatever model names a handler or an upstream
+#: echoes. The models after them, and a response that names none, count under `OTHER_MODEL`.
+MODEL_LABELS: Final = 64
+#: The model label the tokens of the models past `MODEL_LABELS` are counted under.
+OTHER_MODEL: Final = "other"
+
 #: What a number is: one that only grows, one that goes up and down, counts by error code
-#: (`{code: count}`), or the turn latency's histogram.
-Kind = Literal["counter", "gauge", "counters by code", "histogram"]
+#: (`{code: count}`), the turn latency's histogram, or token counts by model and kind.
+Kind = Literal["counter", "gauge", "counters by code", "histogram", "tokens by model"]
 
 
 class Metric(NamedTuple):
@@ -102,6 +119,11 @@ METRICS: tuple[Metric, ...] = (
         "histogram",
         "Time from a handler call's start to its response's terminal event.",
     ),
+    Metric(
+        "tokens",
+        "tokens by model",
+        "Tokens the responses' usage reported, by model and kind.",
+    ),
 )
 
 #: Every `Stats` of the process still in use, by the order they were made (`live_stats()`).
@@ -159,6 +181,8 @@ class Stats:
         self.errors: Counter[str] = Counter()
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        #: Token counts by model label, in the order of `TOKEN_KINDS`.
+        self._tokens: dict[str, list[int]] = {}
         self._closed_evictions = 0
         #: Reads the evictions of the caches of open connections (set by the middleware).
         self.live_evictions: Callable[[], int] = lambda: 0
@@ -185,6 +209,31 @@ class Stats:
         self.latency_sum += seconds
         if failed:
             self.turns_failed += 1
+
+    def count_tokens(self, model: str | None, usage: Usage) -> None:
+        """A response ended reporting `usage`; `model` is the model its response object names."""
+        tokens = self._tokens
+        label = cut(model) if model is not None else OTHER_MODEL
+        counts = tokens.get(label)
+        if counts is None:
+            if len(tokens) - (OTHER_MODEL in tokens) >= MODEL_LABELS:
+                label = OTHER_MODEL
+            counts = tokens.setdefault(label, [0, 0, 0, 0])
+        input_tokens, cached_tokens, output_tokens, reasoning_tokens = usage
+        counts[0] += input_tokens
+        counts[1] += cached_tokens
+        counts[2] += output_tokens
+        counts[3] += reasoning_tokens
+
+    def _token_counts(self) -> dict[str, Any]:
+        """The tokens counted: a total by kind, and `by_model`, each model label's counts by
+        kind."""
+        totals = [0, 0, 0, 0]
+        by_model: dict[str, dict[str, int]] = {}
+        for model, counts in self._tokens.items():
+            by_model[model] = dict(zip(TOKEN_KINDS, counts, strict=True))
+            totals = [total + count for total, count in zip(totals, counts, strict=True)]
+        return {**dict(zip(TOKEN_KINDS, totals, strict=True)), "by_model": by_model}
 
     def _memory(self) -> dict[str, int]:
         """The memory budget (`Limits.max_memory_bytes`): what WebSocket mode holds in this
@@ -216,10 +265,12 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         """Every key of `METRICS` (the memory budget's with a budget): counters and gauges as
         plain numbers, `errors` as `{code: count}`, `turn_latency` as cumulative histogram
-        buckets. Only strings, numbers and dicts: `json.dumps(..., allow_nan=False)` takes it."""
+        buckets, `tokens` as totals by kind and `by_model`. Only strings, numbers and dicts:
+        `json.dumps(..., allow_nan=False)` takes it."""
         values: dict[str, Any] = {
             "errors": dict(self.errors),
             "turn_latency": self._latency(),
+            "tokens": self._token_counts(),
             **self._memory(),
         }
         return {

@@ -6,11 +6,17 @@ own `type`), echo `previous_response_id` the same way and keep the same finished
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 from orjson import JSONDecodeError, loads
 
-from ._protocol import FAILURE_EVENTS, RESPONSE_EVENTS, SUCCESS_EVENTS, client_call_answer
+from ._protocol import (
+    FAILURE_EVENTS,
+    RESPONSE_EVENTS,
+    SUCCESS_EVENTS,
+    TERMINAL_EVENTS,
+    client_call_answer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +30,8 @@ class ResponseTap:
     object get `previous_response_id` echoed, finished output items are kept (a terminal event
     may omit its output), the items started and not finished are known (`open_items`), and a
     terminal event says how the response ended (`finished`, `succeeded` with `response` and
-    `output`, or `failure`).
+    `output`, or `failure`), and its terminal response object (`terminal`: how many tokens it
+    used, `Usage.of`, and which model answered).
     """
 
     __slots__ = (
@@ -39,6 +46,7 @@ class ResponseTap:
         "response_id",
         "started",
         "succeeded",
+        "terminal",
         "usage",
     )
 
@@ -63,6 +71,9 @@ class ResponseTap:
         self.output: list[dict[str, Any]] | None = None
         #: The error code the response failed with (`response_failed` when it had none).
         self.failure: str | None = None
+        #: The response object of the terminal event, however the response ended (None until
+        #: then, and for an `error` event, which carries none).
+        self.terminal: dict[str, Any] | None = None
 
     @staticmethod
     def decode(event_type: str | None, data: bytes) -> dict[str, Any] | None:
@@ -103,6 +114,8 @@ class ResponseTap:
                 usage = response.get("usage")
                 if isinstance(usage, dict):
                     self.usage = usage
+                if kind in TERMINAL_EVENTS:
+                    self.terminal = response
         if kind in SUCCESS_EVENTS:
             self._succeed(response)
         elif kind in FAILURE_EVENTS:
@@ -162,6 +175,43 @@ class ResponseTap:
 
 
 _ABSENT = object()
+
+#: A token count above this is no count (JSON's largest exact integer): a handler's or an
+#: upstream's nonsense is not summed into counters that must stay JSON numbers.
+_MAX_COUNT: Final = 2**53
+
+
+class Usage(NamedTuple):
+    """The tokens one response used, as its `usage` reports them: `input_tokens` (of which
+    `cached_tokens` were read from the provider's cache: `input_tokens_details.cached_tokens`)
+    and `output_tokens` (of which `reasoning_tokens` reasoned:
+    `output_tokens_details.reasoning_tokens`). A count missing, negative or not an integer is
+    0."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def of(cls, response: dict[str, Any]) -> Usage | None:
+        """The usage a response object reports; None when it reports none (`usage` absent or
+        null, as a response that ended before the model counted anything has it)."""
+        usage = response.get("usage")
+        if type(usage) is not dict:
+            return None
+        read = usage.get("input_tokens_details")
+        reasoned = usage.get("output_tokens_details")
+        return cls(
+            _count(usage.get("input_tokens")),
+            _count(read.get("cached_tokens")) if type(read) is dict else 0,
+            _count(usage.get("output_tokens")),
+            _count(reasoned.get("reasoning_tokens")) if type(reasoned) is dict else 0,
+        )
+
+
+def _count(value: object) -> int:
+    return value if type(value) is int and 0 <= value <= _MAX_COUNT else 0
 
 
 def _failure_code(event: dict[str, Any]) -> str:

@@ -49,6 +49,7 @@ from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
 from ._steering import Outcome, SteerInbox, Steering, accepted_event
+from ._tap import Usage
 from ._tokens import Tokens
 from ._turn import Turn, body_cost, build_body, turn_tools_digest
 
@@ -381,6 +382,15 @@ class TurnRunner:
         self.connection.bytes_out += stream.bytes_out
         if not stream.finished:
             return  # abandoned
+        terminal = stream.tap.terminal
+        if terminal is not None:
+            # Read once, from the terminal response object decoded anyway; its model is the
+            # handler's (or upstream's) word, not the request's.
+            model = terminal.get("model")
+            record.model = model if isinstance(model, str) else None
+            record.usage = usage = Usage.of(terminal)
+            if usage is not None:
+                self.stats.count_tokens(record.model, usage)
         response = stream.tap.response
         if response is not None:
             status = response.get("status")

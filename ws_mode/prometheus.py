@@ -14,7 +14,9 @@ any ASGI app; `ws-mode serve --metrics /metrics` and `ws-mode proxy --metrics /m
 
 Every metric is made from the table of `Stats.snapshot()`'s keys (`ws_mode._stats.METRICS`):
 a counter or gauge under `{prefix}_{key}`, the error events as the counter `{prefix}_errors`
-labelled by `code`, the turn latency as the histogram `{prefix}_turn_seconds`.
+labelled by `code`, the turn latency as the histogram `{prefix}_turn_seconds`, the tokens as
+the counter `{prefix}_tokens` labelled by `model` (at most `ws_mode._stats.MODEL_LABELS` of
+them, then `other`) and `kind` (`input`, `cached_input`, `output`, `reasoning`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ._asgi import ASGIApp, Receive, Scope, Send
 from ._errors import ConfigError
 from ._middleware import WebSocketModeMiddleware
-from ._stats import METRICS, Stats, live_stats
+from ._stats import METRICS, TOKEN_KINDS, Stats, live_stats
 from ._stats import Metric as StatsMetric
 
 __all__ = [
@@ -55,6 +57,8 @@ _LABEL: Final = "middleware"
 _DEFAULT_NAME: Final = "default"
 #: The code label of `{prefix}_errors`.
 _CODE_LABEL: Final = "code"
+#: The labels of `{prefix}_tokens`: the model the response objects name, the kind of token.
+_TOKEN_LABELS: Final = ("model", "kind")
 #: Where Prometheus's naming differs from the snapshot key: a unit ends the name.
 _EXPORTED_AS: Final = {"turn_latency": "turn_seconds"}
 
@@ -96,6 +100,13 @@ def _families(
                 for code, count in sorted(by_code.items()):
                     counters.add_metric([*labels, code], count)
             family = counters
+        elif metric.kind == "tokens by model":
+            tokens = CounterMetricFamily(name, metric.help, labels=[*label_names, *_TOKEN_LABELS])
+            for labels, counted in given:
+                for model, by_kind in sorted(counted["by_model"].items()):
+                    for token_kind in TOKEN_KINDS:
+                        tokens.add_metric([*labels, model, token_kind], by_kind[token_kind])
+            family = tokens
         else:
             kind = CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily
             number = kind(name, metric.help, labels=label_names)

@@ -35,7 +35,8 @@ TURN_LINE = re.compile(
     r'(?P<client>127\.0\.0\.1:\d+) - "response\.create /v1/responses" (?P<status>\w+) '
     r"(?P<ms>\d+\.\d)ms conn=(?P<conn>[0-9a-f]{8}) lane=(?P<lane>\S+) id=(?P<id>\S+) "
     r"previous=(?P<previous>\S+) cache=(?P<cache>[\w-]+) in=(?P<bytes_in>\d+) "
-    r"out=(?P<bytes_out>\d+) code=(?P<code>\S+)"
+    r"out=(?P<bytes_out>\d+) tokens_in=(?P<tokens_in>\d+|-) tokens_out=(?P<tokens_out>\d+|-) "
+    r"code=(?P<code>\S+)"
 )
 CONNECTION_LINE = re.compile(
     r'(?P<client>127\.0\.0\.1:\d+) - "WebSocket /v1/responses" (?P<close>\d+) '
@@ -69,6 +70,16 @@ async def create(request: Request) -> JSONResponse:
     if delay:
         await asyncio.sleep(delay)
     answered = answer(body.get("model"))
+    if "usage" in metadata:  # `input/cached/output/reasoning`, as the handler reports them
+        used, cached, produced, reasoned = map(int, metadata["usage"].split("/"))
+        answered["usage"] = {
+            "input_tokens": used,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": produced,
+            "output_tokens_details": {"reasoning_tokens": reasoned},
+            "total_tokens": used + produced,
+        }
+        answered["model"] = "m-2026-01-01"  # the handler's word for the model
     if "id_chars" in metadata:  # an id of the handler's own scheme, however long
         answered["id"] = "resp_" + "x" * int(metadata["id_chars"])
     return JSONResponse(answered)
@@ -124,7 +135,8 @@ def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
 ) -> None:
     with serve(middleware()) as base, connect(base) as sock:
         first = turn(sock)["response"]["id"]
-        second = turn(sock, first, stream_id="lane-a")["response"]["id"]
+        used = {"usage": "1830/1024/96/64"}
+        second = turn(sock, first, stream_id="lane-a", metadata=used)["response"]["id"]
         sock.close()
         turns, (closed,) = lines(access)
     one, two = (parsed(record, TURN_LINE) for record in turns)
@@ -146,6 +158,9 @@ def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
         "lane-a",
     )
     assert one["code"] == two["code"] == "-"
+    # The tokens the response's usage reported; none reported, none written.
+    assert (one["tokens_in"], one["tokens_out"]) == ("-", "-")
+    assert (two["tokens_in"], two["tokens_out"]) == ("1830", "96")
     assert all(int(line["bytes_in"]) > 0 and int(line["bytes_out"]) > 0 for line in (one, two))
     assert (connection["close"], connection["by"], connection["turns"]) == ("1000", "client", "2")
     assert connection["reason"] == "-"
@@ -158,6 +173,10 @@ def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
     assert record.__dict__["status"] == "completed"
     assert record.__dict__["cache"] == "hit"
     assert record.__dict__["connection_id"] == connection["conn"]
+    assert record.__dict__["model"] == "m-2026-01-01"  # the response's, not the request's
+    tokens = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens")
+    assert [record.__dict__[name] for name in tokens] == [1830, 1024, 96, 64]
+    assert [turns[0].__dict__[name] for name in (*tokens, "model")] == [None] * 4 + ["m"]
     assert closed.__dict__["close_code"] == 1000
     assert closed.__dict__["turns"] == 2
 

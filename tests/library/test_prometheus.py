@@ -25,8 +25,16 @@ from starlette.routing import Route
 
 from ws_mode import ConfigError, Limits, MemoryStore, WebSocketModeMiddleware, find_middlewares
 from ws_mode._asgi import Receive, Scope, Send
-from ws_mode._stats import LATENCY_BUCKETS, METRICS, live_stats
+from ws_mode._stats import (
+    LATENCY_BUCKETS,
+    METRICS,
+    MODEL_LABELS,
+    OTHER_MODEL,
+    TOKEN_KINDS,
+    live_stats,
+)
 from ws_mode._stats import Metric as StatsMetric
+from ws_mode._tap import Usage
 from ws_mode.prometheus import (
     MiddlewaresCollector,
     StatsCollector,
@@ -61,7 +69,7 @@ def family_name(metric: StatsMetric, prefix: str = "ws_mode") -> str:
     `..._connections_total`); the latency histogram is in seconds."""
     if metric.key == "turn_latency":
         return f"{prefix}_turn_seconds"
-    if metric.kind in ("counter", "counters by code"):
+    if metric.kind in ("counter", "counters by code", "tokens by model"):
         return f"{prefix}_{metric.key.removesuffix('_total')}"
     return f"{prefix}_{metric.key}"
 
@@ -107,7 +115,7 @@ def test_every_key_of_the_stats_table_is_exported_under_its_own_name_and_kind() 
     middleware = WebSocketModeMiddleware(Starlette())
     middleware.stats.error("invalid_json")
     families = scrape(registered(middleware))
-    prometheus_type = {"counters by code": "counter"}
+    prometheus_type = {"counters by code": "counter", "tokens by model": "counter"}
     assert len(METRICS) >= 23
     for metric in METRICS:
         family = families.get(family_name(metric))
@@ -165,6 +173,35 @@ def test_the_turn_latency_is_a_histogram_of_the_stats_buckets() -> None:
     assert buckets["+Inf"] == 4  # past the last bound
     assert value(histogram, "ws_mode_turn_seconds_count") == 4
     assert value(histogram, "ws_mode_turn_seconds_sum") == 0.003 + 0.2 + 0.2 + 100.0
+
+
+def test_tokens_are_counted_by_model_and_kind_under_a_bounded_set_of_model_labels() -> None:
+    middleware = WebSocketModeMiddleware(Starlette())
+    stats = middleware.stats
+    stats.count_tokens("gpt-a", Usage(100, 40, 20, 5))
+    stats.count_tokens("gpt-a", Usage(10, 0, 2, 0))
+    for index in range(MODEL_LABELS + 3):  # a handler echoing whatever model it was asked
+        stats.count_tokens(f"echoed-{index}", Usage(1, 0, 1, 0))
+    stats.count_tokens(None, Usage(7, 0, 0, 0))  # a response naming no model
+    tokens = scrape(registered(middleware))["ws_mode_tokens"]
+    assert tokens.type == "counter"
+    counted = {
+        (sample.labels["model"], sample.labels["kind"]): sample.value
+        for sample in tokens.samples
+        if sample.name == "ws_mode_tokens_total"
+    }
+    assert {kind for _model, kind in counted} == set(TOKEN_KINDS)
+    assert [counted["gpt-a", kind] for kind in TOKEN_KINDS] == [110, 40, 22, 5]
+    models = {model for model, _kind in counted}
+    # The first models to report get labels of their own, the rest (and no model) one label.
+    assert len(models) == MODEL_LABELS + 1
+    assert "echoed-62" in models
+    assert "echoed-63" not in models
+    assert counted[OTHER_MODEL, "input"] == 4 + 7
+    assert counted[OTHER_MODEL, "output"] == 4
+    assert sum(count for (_m, kind), count in counted.items() if kind == "input") == (
+        110 + MODEL_LABELS + 3 + 7
+    )
 
 
 def test_a_prefix_names_every_metric() -> None:
@@ -428,6 +465,8 @@ def metrics_table() -> str:
         labels = ["`middleware`"]
         if metric.kind == "counters by code":
             labels.append("`code`")
+        if metric.kind == "tokens by model":
+            labels += ["`model`", "`kind`"]
         if family.type == "histogram":
             labels.append("`le`")
         meaning = family.documentation
