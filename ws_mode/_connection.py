@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
+#: "Service Restart": the close an ASGI server sends its open sockets as it shuts down
+#: (uvicorn's), which the app hears as a disconnect. A server's code: no client sends it.
+SERVICE_RESTART = 1012
 POLICY_VIOLATION = 1008
 
 
@@ -183,7 +186,9 @@ class Connection:
                     await self._on_frame(message)
                 elif kind == "websocket.disconnect":
                     # ASGI: 1005 when the client's close frame had no code.
-                    self.record.closed(message.get("code", 1005), message.get("reason"), "client")
+                    code = message.get("code", 1005)
+                    by = "server" if code == SERVICE_RESTART else "client"
+                    self.record.closed(code, message.get("reason"), by)
                     return
         except ClientGone:
             return

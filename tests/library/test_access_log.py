@@ -333,3 +333,17 @@ def test_the_command_line_shows_the_access_log_until_logging_is_configured() -> 
         'INFO:     127.0.0.1:1 - "WebSocket /v1/responses" 1000 shown'
     ]
     assert result.stderr.splitlines() == ["root: by the root handler"]
+
+
+def test_a_socket_the_servers_restart_closes_is_closed_by_the_server(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn's shutdown closes open sockets with 1012 (service restart): its close, not the
+    client's, though the app hears it as a disconnect."""
+    with serve(middleware()) as base:
+        sock = connect(base)
+        turn(sock)
+    sock.close()
+    _, (closed,) = lines(access)
+    connection = parsed(closed, CONNECTION_LINE)
+    assert (connection["close"], connection["by"]) == ("1012", "server")
