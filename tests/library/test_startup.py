@@ -99,13 +99,14 @@ def test_an_app_without_routes_is_said_once_in_the_log(caplog: pytest.LogCapture
 
 
 def lifespan_of(app: Any) -> tuple[str, str | None]:
-    """The app's answer to a lifespan startup: its type and message."""
+    """The app's answer to a lifespan startup: its type and message (`raised` and the
+    exception when it raised first: Django's application, for one, serves no lifespan)."""
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "lifespan.startup"}
 
-    async def run() -> None:
+    async def run() -> tuple[str, str | None]:
         answered = asyncio.Event()
 
         async def send(message: dict[str, Any]) -> None:
@@ -113,8 +114,40 @@ def lifespan_of(app: Any) -> tuple[str, str | None]:
             answered.set()
 
         task = asyncio.ensure_future(app({"type": "lifespan", "state": {}}, receive, send))
-        await answered.wait()
+        waiting = asyncio.ensure_future(answered.wait())
+        await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
         task.cancel()
+        waiting.cancel()
+        if not sent:
+            return "raised", repr(task.exception())
+        return sent[0]["type"], sent[0].get("message")
 
-    asyncio.run(run())
-    return sent[0]["type"], sent[0].get("message")
+    return asyncio.run(run())
+
+
+#: Run in a child: Django's settings, once configured, change how hooks run in this process.
+DJANGO_CHILD = """
+import asyncio, sys
+from tests.examples.django_env import setup
+setup()
+from django.core.asgi import get_asgi_application
+from ws_mode import WebSocketModeMiddleware
+from tests.library.test_startup import lifespan_of
+for handler_path in sys.argv[1:]:
+    app = WebSocketModeMiddleware(get_asgi_application(), handler_path=handler_path)
+    print(*lifespan_of(app))
+"""
+
+
+def test_a_handler_path_django_does_not_resolve_fails_the_start() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-c", DJANGO_CHILD, "/cached/v1/responses", "/v1/respones"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    served, missing = done.stdout.splitlines()
+    assert served.startswith("raised ValueError('Django can only handle ASGI/HTTP")  # not failed
+    assert missing.startswith("lifespan.startup.failed")
+    assert "no URL pattern of the Django project serves /v1/respones" in missing
