@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 §7.4.1). 1001 tells clients such as the openai SDK to reconnect.
 GOING_AWAY = 1001
+#: "Service Restart": the close an ASGI server sends its open sockets as it shuts down
+#: (uvicorn's), which the app hears as a disconnect. A server's code: no client sends it.
+SERVICE_RESTART = 1012
 POLICY_VIOLATION = 1008
 
 
@@ -183,7 +186,9 @@ class Connection:
                     await self._on_frame(message)
                 elif kind == "websocket.disconnect":
                     # ASGI: 1005 when the client's close frame had no code.
-                    self.record.closed(message.get("code", 1005), message.get("reason"), "client")
+                    code = message.get("code", 1005)
+                    by = "server" if code == SERVICE_RESTART else "client"
+                    self.record.closed(code, message.get("reason"), by)
                     return
         except ClientGone:
             return
@@ -382,6 +387,7 @@ class Connection:
         if not budget.reserve(parsing):
             await self.send_error(memory_budget_exceeded("this message"))
             return
+        event = None
         try:
             try:
                 event = await parse_frame(text)
@@ -395,9 +401,26 @@ class Connection:
                 await self._on_interrupt(event)
             # A `response.processed` acknowledgement needs no answer.
         except ProtocolError as exc:
+            # A create refused before it runs (its fields, its stream_id, a bound of the lanes)
+            # leaves its access-log line as a turn that failed.
+            if isinstance(event, CreateEvent) or exc.on_lane or exc.code == "invalid_stream_id":
+                self._create_refused(exc, len(text))
             # A busy lane answers it after what runs before it.
             if not self.lanes.refuse_in_order(exc):
                 await self.send_error(exc.event())
+
+    def _create_refused(self, error: ProtocolError, bytes_in: int) -> None:
+        observer = self.settings.observer
+        record = observer.turn_started(
+            self.record,
+            stream_id=error.stream_id,
+            previous_response_id=None,
+            model=None,
+            bytes_in=bytes_in,
+        )
+        record.failed(error.code)
+        record.bytes_out = len(encode_event(error.event()))
+        observer.turn_ended(record)
 
     def _too_large(self, text: str) -> bool:
         limit = self.limits.max_message_bytes

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from . import _logs as logs
 from . import _stack as stack
@@ -54,6 +56,47 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+Init = Callable[Concatenate["WebSocketModeMiddleware", ASGIApp, P], None]
+
+
+def _fails_the_start(init: Init[P]) -> Init[P]:
+    """Make a bad option fail the server's start when a framework builds the middleware lazily.
+
+    Starlette and FastAPI make the middlewares of `app.add_middleware(...)` at the app's first
+    call, the lifespan's: an exception there reads to uvicorn's default `--lifespan auto` as a
+    lifespan the app does not support, so the server starts and every request fails with 500.
+    Made there, a middleware with a bad option (an unknown one too) keeps its `ConfigError` and
+    fails the lifespan startup with it; made anywhere else, it raises at once.
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(
+        self: WebSocketModeMiddleware, app: ASGIApp, /, *args: P.args, **kwargs: P.kwargs
+    ) -> None:
+        try:
+            try:
+                signature.bind(self, app, *args, **kwargs)
+            except TypeError as exc:
+                unknown = sorted(set(kwargs) - set(signature.parameters))
+                known = ", ".join(
+                    name for name in signature.parameters if name not in ("self", "app")
+                )
+                if unknown:
+                    raise ConfigError(
+                        f"no option {', '.join(map(repr, unknown))}: the options are {known}."
+                    ) from None
+                raise ConfigError(f"WebSocketModeMiddleware: {exc}.") from None
+            init(self, app, *args, **kwargs)
+        except ConfigError as exc:
+            if not stack.built_by_a_stack(sys._getframe(1)):
+                raise
+            self.app = app
+            self._bad_options = exc
+
+    return checked
 
 
 class WebSocketModeMiddleware:
@@ -114,6 +157,11 @@ class WebSocketModeMiddleware:
     upgrade with 500.
     """
 
+    #: The option error of a middleware a framework made lazily: the lifespan startup fails with
+    #: it, every other call raises it (`_fails_the_start`).
+    _bad_options: ConfigError | None = None
+
+    @_fails_the_start
     def __init__(
         self,
         app: ASGIApp,
@@ -244,6 +292,9 @@ class WebSocketModeMiddleware:
         await flush_writes(self.settings.limits.store_write_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._bad_options is not None:
+            await _refuse_to_start(self._bad_options, scope, receive, send)
+            return
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
@@ -395,6 +446,11 @@ class WebSocketModeMiddleware:
         does not work fails the startup (the app never starts), or, with `start_degraded`,
         is a loud warning."""
         first = await receive()
+        if first["type"] == "lifespan.startup":
+            problem = self._route_problem(scope)
+            if problem is not None:
+                await send({"type": "lifespan.startup.failed", "message": problem})
+                return
         if first["type"] == "lifespan.startup" and self.settings.store is not None:
             problem = await _check_store(self.settings.store, self.settings.limits)
             if problem is not None and not self.start_degraded:
@@ -418,6 +474,29 @@ class WebSocketModeMiddleware:
             return replayed.pop() if replayed else await receive()
 
         await self.app(scope, self._lifespan_receive(receive_again), send)
+
+    def _route_problem(self, scope: Scope) -> str | None:
+        """Why turns would not reach a handler (no route serves `POST handler_path`), asked at
+        the lifespan startup where the framework can tell; where it cannot, said once in the
+        log."""
+        problem = stack.handler_route(scope, self.settings)
+        handler_path = self.settings.handler_path
+        if problem == stack.UNKNOWN:
+            logger.info(
+                "WebSocket mode at %s: this application has no routes ws_mode can read, so it "
+                "cannot check that it serves POST %s (handler_path), where every turn goes; "
+                "if turns fail with 404, handler_path names no route",
+                self.settings.path,
+                handler_path,
+            )
+            return None
+        if problem is None:
+            return None
+        return (
+            f"WebSocket mode at {self.settings.path}: {problem}, where every turn goes "
+            f"(WebSocketModeMiddleware's handler_path={handler_path!r}). Give the path of the "
+            "app's POST /v1/responses handler."
+        )
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """Drain the sockets when the server announces its shutdown, before the app hears;
@@ -470,6 +549,21 @@ class WebSocketModeMiddleware:
         root_path: str = scope.get("root_path", "")
         wanted = self.settings.path
         return path == wanted or (bool(root_path) and path == root_path + wanted)
+
+
+async def _refuse_to_start(
+    problem: ConfigError, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """A middleware with a bad option, made by a framework at its first call: the lifespan
+    startup fails with the option's error (the server logs it and exits); anything else raises
+    it."""
+    if scope["type"] != "lifespan":
+        raise problem
+    message = await receive()
+    if message["type"] == "lifespan.startup":
+        await send(
+            {"type": "lifespan.startup.failed", "message": f"WebSocketModeMiddleware: {problem}"}
+        )
 
 
 def _warn_if_the_server_sends_no_pings(limits: Limits) -> None:

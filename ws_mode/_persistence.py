@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +48,73 @@ STORED_REMEMBERED = 512
 #: continuation on this worker can wait for its parent's write itself. Event loops in other
 #: threads (tests, embedded servers) share it: it is read through snapshots (`list(...)`).
 _writes: dict[asyncio.Task[bool], tuple[str, frozenset[str]]] = {}
+
+
+class _Outage:
+    """One store's failing reads, as the log tells them."""
+
+    __slots__ = ("reads_failed", "since")
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # when its first call failed (`time.monotonic()`)
+        self.reads_failed = 0
+
+
+#: Each store's outage, if one is under way (a store that cannot be weakly referenced has
+#: every failed read logged).
+_outages: weakref.WeakKeyDictionary[Any, _Outage] = weakref.WeakKeyDictionary()
+
+
+def read_failed(store: ResponseStore, message: str, *args: object) -> None:
+    """Log a failed read of `store` (a hydration, a stateful HTTP lookup): a warning for the
+    first of an outage, a DEBUG line for the next ones, until the store answers again
+    (`store_answered`). A down store fails every turn that continues a response: one line
+    per failed call would flood the log (63 lines in 6 s were seen); every failure is still
+    counted (`ws_mode_store_failures_total`). A failed write loses a response: each is
+    logged (`write_records`)."""
+    try:
+        outage = _outages.setdefault(store, _Outage())
+    except TypeError:
+        logger.warning(message, *args)
+        return
+    if outage.since is None:
+        outage.since = time.monotonic()
+    outage.reads_failed += 1
+    if outage.reads_failed == 1:
+        logger.warning(
+            message + " (the store's next failed reads are logged at DEBUG until it answers "
+            "again; ws_mode_store_failures_total counts them all)",
+            *args,
+        )
+    else:
+        logger.debug(message, *args)
+
+
+def _write_failed(store: ResponseStore) -> None:
+    """A failed write starts an outage too, so the store's answer again is said."""
+    try:
+        outage = _outages.setdefault(store, _Outage())
+    except TypeError:
+        return
+    if outage.since is None:
+        outage.since = time.monotonic()
+
+
+def store_answered(store: ResponseStore) -> None:
+    """The store answered a read or a write: an outage under way ends, said once."""
+    try:
+        outage = _outages.get(store)
+    except TypeError:
+        return
+    if outage is None or outage.since is None:
+        return
+    lasted = time.monotonic() - outage.since
+    logger.warning(
+        "the store answers again, after %.1f s of failures (%d failed read(s) in that time)",
+        lasted,
+        outage.reads_failed,
+    )
+    outage.since, outage.reads_failed = None, 0
 
 
 class StoreUnavailable(Exception):
@@ -107,7 +176,8 @@ async def load_chain(
                 records = await _ancestors(store, owner, response_id)
     except Exception as exc:
         stats.store_failures += 1
-        logger.warning(
+        read_failed(
+            store,
             "the store failed to hydrate %s: %s",
             for_log(response_id),
             failure_at(
@@ -118,6 +188,7 @@ async def load_chain(
             ),
         )
         raise StoreUnavailable("the response store is unavailable") from exc
+    store_answered(store)
     return records or None
 
 
@@ -267,6 +338,7 @@ async def write_records(
         raise
     except Exception as exc:
         stats.store_failures += 1
+        _write_failed(store)
         logger.warning(
             "the store failed to keep %s: %s",
             for_log(records[-1].id),
@@ -274,7 +346,10 @@ async def write_records(
         )
     finally:
         stats.store_writes += landed
-    return written == len(records)
+    if written == len(records):
+        store_answered(store)
+        return True
+    return False
 
 
 async def _parents_write(owner: str, parent_id: str | None) -> bool:

@@ -241,10 +241,13 @@ def _service_and_db(path: str, kind: Kind, url: str) -> tuple[str, int]:
 
 
 def _without_credentials(url: str) -> str:
-    """`url` without its credentials (anything before an `@` in its address) or options."""
+    """`url` without its credentials (anything before an `@` in its address) or options; text
+    that is no URL (no `scheme://`) as it is, what may be credentials masked."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<not a URL>"
+    if not sep:  # "localhost:6379", "user:secret@host": shown, so the mistake can be seen
+        text = url.split("?", 1)[0]  # options may carry a password
+        address, at, _ = text.partition("/")[0].rpartition("@")
+        return f"***@{text[len(address) + len(at) :]}" if at else text
     netloc = re.match(r"[^/?#]*", rest)
     hosts = netloc.group(0) if netloc else ""
     path = rest[len(hosts) :].split("?", 1)[0]

@@ -84,11 +84,16 @@ def check_principals(
         isinstance(reauthenticate_seconds, bool)
         or not isinstance(reauthenticate_seconds, int | float)
         or reauthenticate_seconds < 0
-        or authenticate is None
     ):
         raise ConfigError(
             "reauthenticate_seconds must be None or a number >= 0 (0: before every frame that "
-            f"causes work), and needs an authenticate hook; got {reauthenticate_seconds!r}."
+            f"causes work), got {reauthenticate_seconds!r}."
+        )
+    if reauthenticate_seconds is not None and authenticate is None:
+        raise ConfigError(
+            f"reauthenticate_seconds={reauthenticate_seconds!r} runs the authenticate hook again "
+            "on open sockets, and there is none: pass authenticate= (or drop "
+            "reauthenticate_seconds)."
         )
     if not isinstance(shared_store, bool):
         raise ConfigError(f"shared_store must be True or False, got {shared_store!r}.")

@@ -12,10 +12,13 @@ has not started) is made now and handed to Starlette when it builds the stack.
 
 from __future__ import annotations
 
+import importlib
 import logging
+from types import FrameType
 from typing import Any, TypeVar
 
 from ._asgi import ASGIApp, Receive, Scope, Send
+from ._hooks import django_configured
 
 logger = logging.getLogger(__name__)
 
@@ -147,3 +150,64 @@ class _Made:
     def __call__(self, app: ASGIApp, *args: Any, **kwargs: Any) -> Any:
         self.inner.app = app
         return self.instance
+
+
+def built_by_a_stack(frame: FrameType | None) -> bool:
+    """Whether `frame` (the code constructing a middleware) is a framework building its
+    middleware stack lazily: Starlette's and FastAPI's `build_middleware_stack`, run at the
+    app's first call (the lifespan's, under a server that runs one), where an exception only
+    reads to uvicorn as "lifespan unsupported" and then fails every request."""
+    return frame is not None and frame.f_code.co_name == "build_middleware_stack"
+
+
+#: What `handler_route` answers when the application cannot be asked (a plain ASGI app).
+UNKNOWN = "unknown"
+
+
+def handler_route(scope: Scope, settings: Any) -> str | None:
+    """What is wrong with the route of `settings.handler_path` in the app socket turns enter,
+    read at the lifespan startup from `scope`: None when a route serves `POST handler_path` (or
+    the app serves every path, or routes to a mounted app, which may serve it), a sentence when
+    it does not, `UNKNOWN` when the application has no routes to ask."""
+    app: Any = entry(scope, settings) or settings.app
+    path = settings.handler_path
+    seen: set[int] = set()
+    while app is not None and id(app) not in seen:  # down wrapping middlewares to the routes
+        seen.add(id(app))
+        router = getattr(app, "router", None) if _is_starlette(app) else None
+        if router is None and isinstance(getattr(app, "routes", None), list):
+            router = app  # a Starlette Router served as the app
+        if router is not None:
+            return _starlette_route(router, path)
+        if type(app).__module__.startswith("django.") and django_configured():
+            return _django_route(path)
+        app = getattr(app, "app", None)
+    return UNKNOWN
+
+
+def _starlette_route(router: Any, path: str) -> str | None:
+    from starlette.routing import Host, Match  # the app is Starlette's: it is installed
+
+    if getattr(router, "default", None) != getattr(router, "not_found", None):
+        return None  # a default app of the application's own answers every other path
+    probe = {"type": "http", "method": "POST", "path": path, "root_path": "", "headers": []}
+    partial = False
+    for route in router.routes:
+        if isinstance(route, Host):
+            return None  # routed by the request's host, which a turn carries: cannot tell
+        match, _ = route.matches(probe)
+        if match == Match.FULL:
+            return None
+        partial = partial or match == Match.PARTIAL
+    if partial:
+        return f"the route at {path} does not take POST (turns would get 405 Method Not Allowed)"
+    return f"no route of the application serves POST {path} (turns would get 404 Not Found)"
+
+
+def _django_route(path: str) -> str | None:
+    urls: Any = importlib.import_module("django.urls")  # Django runs this process
+    try:
+        urls.resolve(path)
+    except urls.Resolver404:
+        return f"no URL pattern of the Django project serves {path} (turns would get 404)"
+    return None

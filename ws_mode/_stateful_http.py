@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -37,8 +36,10 @@ from ._persistence import (
     StoreUnavailable,
     failure_at,
     load_chain,
+    read_failed,
     read_one,
     start_write,
+    store_answered,
     store_scope,
 )
 from ._protocol import (
@@ -56,8 +57,6 @@ from ._sse import SSEBlock, SSEBlocks, content_type, is_event_stream
 from ._store import ResponseStore, StoredResponse
 from ._tap import ResponseTap
 from ._turn import body_cost, turn
-
-logger = logging.getLogger(__name__)
 
 
 class StatefulHTTP:
@@ -112,13 +111,15 @@ class StatefulHTTP:
                     record = await read_one(self.store, owner, response_id)
                     found = record is not None
         except Exception as exc:
-            logger.warning(
+            read_failed(
+                self.store,
                 "the store failed to answer for %s: %s",
                 for_log(response_id),
                 failure_at(self.store, exc, timer, f"{seconds:g} s (Limits.store_read_seconds)"),
             )
             await _answer(send, 503, "store_unavailable", "The response store is unavailable.")
             return
+        store_answered(self.store)
         if not found:
             await _answer(
                 send, 404, "not_found", f"No response with id '{quoted_id(response_id)}' found."

@@ -428,3 +428,39 @@ def test_the_command_line_shows_the_access_log_until_logging_is_configured() -> 
         'INFO:     127.0.0.1:1 - "WebSocket /v1/responses" 1000 shown'
     ]
     assert result.stderr.splitlines() == ["root: by the root handler"]
+
+
+def test_a_socket_the_servers_restart_closes_is_closed_by_the_server(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn's shutdown closes open sockets with 1012 (service restart): its close, not the
+    client's, though the app hears it as a disconnect."""
+    with serve(middleware()) as base:
+        sock = connect(base)
+        turn(sock)
+    sock.close()
+    _, (closed,) = lines(access)
+    connection = parsed(closed, CONNECTION_LINE)
+    assert (connection["close"], connection["by"]) == ("1012", "server")
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"stream_id": "not a stream id!"}, "invalid_stream_id"),
+        ({"stream_id": "s1", "store": "yes"}, "invalid_type"),
+        ({"input": 5}, "invalid_type"),
+    ],
+)
+def test_a_create_refused_before_it_runs_leaves_a_failed_line(
+    access: pytest.LogCaptureFixture, fields: dict[str, Any], code: str
+) -> None:
+    with serve(middleware()) as base, connect(base) as sock:
+        assert turn(sock, **fields)["error"]["code"] == code
+        sock.close()
+        turns, (closed,) = lines(access)
+    (refused,) = (parsed(record, TURN_LINE) for record in turns)
+    assert (refused["status"], refused["code"], refused["id"]) == ("failed", code, "-")
+    assert int(refused["bytes_in"]) > 0
+    assert int(refused["bytes_out"]) > 0
+    assert parsed(closed, CONNECTION_LINE)["turns"] == "1"

@@ -554,7 +554,8 @@ def test_a_response_larger_than_max_cached_bytes_is_answered_but_not_kept(live: 
 def test_a_frame_over_the_servers_own_limit_closes_the_socket_with_1009() -> None:
     """The ASGI server's message limit (uvicorn's `ws_max_size`, 16 MiB by default) applies
     before ws_mode sees a frame: past it the socket is closed with 1009, no error event."""
-    app = WebSocketModeMiddleware(Starlette(), limits=Limits(max_message_bytes=1024 * 1024))
+    handler = Starlette(routes=[Route("/v1/responses", Response, methods=["POST"])])  # never called
+    app = WebSocketModeMiddleware(handler, limits=Limits(max_message_bytes=1024 * 1024))
     with serve(app, ws_max_size=64 * 1024) as base_url:
         url = base_url.replace("http", "ws", 1) + "/v1/responses"
         with connect(url, open_timeout=10, close_timeout=2, max_size=None) as ws:

@@ -32,7 +32,8 @@ REFUSED: list[tuple[tuple[Any, ...], str]] = [
     ((hook, -1, None, None, False), "reauthenticate_seconds"),
     ((hook, True, None, None, False), "reauthenticate_seconds"),  # a bool is no number
     ((hook, "60", None, None, False), "reauthenticate_seconds"),
-    ((None, 60, None, None, False), "needs an authenticate hook"),
+    ((None, 60, None, None, False), "there is none: pass authenticate="),
+    ((None, 0, None, None, False), r"^reauthenticate_seconds=0 runs the authenticate hook again"),
     ((None, None, None, None, "yes"), "shared_store must be True or False"),
     ((None, None, STORE, str, True), "principal_key"),  # no hook to key
     ((hook, None, STORE, "tenant", False), "must be callable"),

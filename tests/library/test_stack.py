@@ -124,7 +124,10 @@ def test_find_follows_wrapped_apps_outermost_first_and_only_the_kind_asked() -> 
 async def test_find_makes_a_listed_middleware_once_with_its_options_and_it_is_the_one_built() -> (
     None
 ):
-    app = Starlette(routes=ROUTES, middleware=[Middleware(WebSocketModeMiddleware, path="/ws")])
+    app = Starlette(
+        routes=ROUTES,
+        middleware=[Middleware(WebSocketModeMiddleware, path="/ws", handler_path="/v1/responses")],
+    )
     (early,) = find(app, WebSocketModeMiddleware)
     assert early.settings.path == "/ws"  # made with the options listed
     assert app.middleware_stack is None

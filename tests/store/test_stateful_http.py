@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -167,6 +168,7 @@ class HangingStore(MemoryStore):
 def test_get_and_delete_answer_503_once_store_read_seconds_passed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="ws_mode._persistence")
     app = WebSocketModeMiddleware(
         create_app(ReferenceConfig()),
         store=HangingStore(),
@@ -185,14 +187,16 @@ def test_get_and_delete_answer_503_once_store_read_seconds_passed(
             assert answer.status_code == 503, method
             assert answer.json()["error"]["code"] == "store_unavailable"
             assert elapsed >= 0.3 - 0.005  # asyncio may fire a timer that early
-    # The bound set, not the 5 s default, named with the store in the operator's log line.
-    said = [r.getMessage() for r in caplog.records if "failed to answer" in r.getMessage()]
-    assert len(said) == 2
-    for line in said:
+    # The bound set, not the 5 s default, named with the store in the operator's log line;
+    # the outage's first failure a warning, the next one at DEBUG.
+    said = [r for r in caplog.records if "failed to answer" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]
+    for record in said:
+        line = record.getMessage()
         assert line.startswith("the store failed to answer for 'resp_hung': ")
-        assert line.endswith(
+        assert (
             "TimeoutError: no answer within 0.3 s (Limits.store_read_seconds) (HangingStore)"
-        )
+        ) in line
 
 
 def test_stateful_http_needs_a_store() -> None:

@@ -219,3 +219,19 @@ def test_uvicorn_does_not_start_on_a_store_that_does_not_work(stopped: RedisServ
     with pytest.raises(ServerStartError), serve(app):
         pass
     assert lifespan.heard == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("localhost:6379", "'localhost:6379'"),
+        ("user:secret-word@localhost:6379/0?password=other", "'***@localhost:6379/0'"),
+        ("redis:/localhost", "'redis:/localhost'"),
+    ],
+)
+def test_text_that_is_no_url_is_shown_with_its_password_masked(url: str, shown: str) -> None:
+    with pytest.raises(ValueError, match="a Redis store URL starts with redis://") as refused:
+        RedisStore(url)
+    assert str(refused.value).endswith(f"; got {shown}")
+    assert "secret" not in str(refused.value)
+    assert "other" not in str(refused.value)

@@ -132,6 +132,16 @@ def _closed(exc: ConnectionClosed, connection: SyncConnection | AsyncConnection)
     return SocketClosed(str(exc))
 
 
+def api_base(url: str) -> str:
+    """The base URL requests go under (``base + /v1/responses``): ``url`` without a trailing
+    ``/``, ``/v1`` or ``/v1/responses``, so the openai SDK's ``base_url`` works too."""
+    base = url.rstrip("/")
+    for suffix in (DEFAULT_PATH, "/v1"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
 def socket_url(base_url: str, path: str = DEFAULT_PATH) -> str:
     """The WebSocket URL of ``base_url + path``: ``http``/``https`` become ``ws``/``wss``."""
     url = base_url.rstrip("/") + path

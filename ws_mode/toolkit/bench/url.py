@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from ws_mode.testing._client import DEFAULT_PATH, socket_url
+from ws_mode.testing._client import DEFAULT_PATH, api_base, socket_url
 
 from ..measure import format_bytes, format_seconds, median
 from .control import linked
@@ -61,16 +61,6 @@ FOLLOW_UPS: Final = (
 """The user messages that follow each answer of the model, in turn."""
 CONNECT_SECONDS: Final = 10.0
 TURN_SECONDS: Final = 120.0
-
-
-def api_base(url: str) -> str:
-    """The base URL requests go under (``base + /v1/responses``): ``url`` without a trailing
-    ``/``, ``/v1`` or ``/v1/responses``, so the openai SDK's ``base_url`` works too."""
-    base = url.rstrip("/")
-    for suffix in (DEFAULT_PATH, "/v1"):
-        if base.endswith(suffix):
-            return base[: -len(suffix)]
-    return base
 
 
 def explain(status: int | None, where: str, detail: str) -> str:

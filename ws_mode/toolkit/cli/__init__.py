@@ -6,7 +6,7 @@ One module per command: :mod:`~ws_mode.toolkit.cli.serve` (the reference server 
 in front of a remote Responses server) and :mod:`~ws_mode.toolkit.cli.check` (WebSocket mode's
 checks against a live endpoint); :mod:`~ws_mode.toolkit.cli.common` holds what they share. Needs the
 ``cli`` extra (``pip install ".[cli]"`` in a clone of ws_mode); ``proxy`` needs only the ``proxy``
-extra.
+extra, ``check`` only the ``check`` extra (its socket client).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..args import number
-from .common import PROG, CommandError
+from .common import CHECK_REQUIREMENTS, PROG, CommandError
 
 if TYPE_CHECKING:
     from ws_mode.testing import CaseResult, ConformanceCase
@@ -60,7 +60,7 @@ def target_of(url: str) -> tuple[str, str]:
     """The base URL and socket path of ``url``: an HTTP base (``/v1`` and ``/v1/responses``
     optional) gets ``/v1/responses``; a ``ws://`` or ``wss://`` URL is the socket's own (its
     path, when it has one, kept). :class:`CommandError` for anything else."""
-    from ..bench.url import api_base
+    from ws_mode.testing._client import api_base  # light: the bench's modules need the cli extra
 
     parts = urlsplit(url)
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
@@ -203,7 +203,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="print no progress on stderr (each check's result as it comes, what a long "
         "check waits for): only the table, on stdout",
     )
-    check.set_defaults(run=run_check)
+    check.set_defaults(run=run_check, requirements=CHECK_REQUIREMENTS)
 
 
 def _json_object(text: str) -> dict[str, object]:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "API_PATH",
+    "CHECK_REQUIREMENTS",
     "CLI_REQUIREMENTS",
     "LOG_LEVELS",
     "PROG",
@@ -96,6 +97,9 @@ class Requirements:
 CLI_REQUIREMENTS: Final = Requirements(
     "cli", ("uvicorn", "httpx", "websockets", "rich", "starlette", "tokenizers")
 )
+#: What ``ws-mode check`` imports (the ``check`` extra): the socket client, nothing else; the
+#: openai SDK, when installed, validates output items too.
+CHECK_REQUIREMENTS: Final = Requirements("check", ("websockets",))
 
 
 #: A socket's lifetime in seconds, as ``--max-connection-seconds`` takes it.
