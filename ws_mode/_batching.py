@@ -40,7 +40,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
 if TYPE_CHECKING:
-    from uvicorn._types import ASGISendEvent
+    from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
 
 #: The most bytes kept before they are written without waiting for the end of the pass.
 FLUSH_BYTES: Final = 64 * 1024
@@ -163,6 +163,27 @@ _HEADER_16: Final = struct.Struct("!BBH")
 _HEADER_64: Final = struct.Struct("!BBQ")
 
 
+def frame_size(data: bytes | bytearray) -> int | None:
+    """The size on the wire of the frame ``data`` starts with, header included (RFC 6455,
+    section 5.2), or None while its header is incomplete."""
+    if len(data) < 2:
+        return None
+    second = data[1]
+    length = second & 0x7F
+    header = 6 if second & 0x80 else 2  # a client's frames carry a 4-byte mask
+    if length == 126:
+        if len(data) < 4:
+            return None
+        length = int.from_bytes(data[2:4], "big")
+        header += 2
+    elif length == 127:
+        if len(data) < 10:
+            return None
+        length = int.from_bytes(data[2:10], "big")
+        header += 8
+    return header + length
+
+
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol writing through a :class:`BatchingTransport`,
     and framing the application's messages itself.
@@ -171,6 +192,16 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     ``ServerProtocol`` (a fraction of its CPU per frame), and compressed only when it has at least
     :attr:`deflate_threshold` bytes; everything else (the handshake, pings, pongs, closes, a send
     on a connection that is closing) is uvicorn's, unchanged.
+
+    What the client sends is read one frame at a time, and no further while a message waits for
+    the application: uvicorn reads on as soon as the application takes a message, so while the
+    application is busy with it (its answer waiting on a client that stopped reading) the next
+    message is read, inflated and queued, up to the message size limit per socket, however
+    small it was on the wire (permessage-deflate); and a chunk read from the socket is parsed
+    whole, however many frames it holds. Here the bytes past the frame that completed a message
+    stay as they arrived, compressed, until the application asks for the next message, and
+    reading resumes only then. A frame's payload is let go once uvicorn made it a message
+    (websockets' parser otherwise keeps the last frame until the next one arrives).
     """
 
     #: The smallest message, in bytes (UTF-8 for text), compressed when the client negotiated
@@ -184,6 +215,11 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     # extension that compresses them. Set on the instance by _decide_framing.
     _framing: bool | None = None
     _deflate: PerMessageDeflate | None = None
+    # What the client sent that is not parsed yet (a message waits for the application), and
+    # how much of the frame being parsed has not been given to the parser yet. Set on the
+    # instance once frames arrive.
+    _unparsed: bytearray | None = None
+    _frame_left: int = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start with the real transport wrapped."""
@@ -196,6 +232,8 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         here, in one step."""
         if message["type"] != "websocket.send":
             await super().send(message)
+            if message["type"] == "websocket.close" and self._unparsed:
+                self._parse()  # the client's answer to the close may be among what was kept
             return
         # uvicorn's flow control, first, as in its own send: a paused transport holds the
         # application here. Waiting on a set event does not yield, so the state read below is
@@ -233,6 +271,67 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.write(
             data_frame(data, text=text, deflate=self._deflate, threshold=self.deflate_threshold)
         )
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what the client sent up to the frame that completes a message; keep the rest
+        as it is until the application asks for the next message (`receive`)."""
+        if not self.handshake_complete:
+            # The request, and whatever a client sends before it has the answer (RFC 6455 has
+            # it wait), parsed as uvicorn does.
+            super().data_received(data)
+            return
+        if self._unparsed is None:
+            self._unparsed = bytearray(data)
+        else:
+            self._unparsed += data
+        self._parse()
+
+    def _parse(self) -> None:
+        """Give the parser what was kept, a frame at a time, until a message waits for the
+        application (after the close only the close's answer is awaited: no message waits)."""
+        kept = self._unparsed
+        conn = self.conn
+        while kept and (self.close_sent or self.queue.empty()):
+            if self._frame_left == 0:
+                size = frame_size(kept)
+                if size is None:
+                    break  # the rest of the header is on its way
+                self._frame_left = size
+            take = min(self._frame_left, len(kept))
+            chunk = bytes(kept[:take])
+            del kept[:take]
+            self._frame_left -= take
+            conn.receive_data(chunk)
+            if conn.parser_exc is not None:
+                self.handle_parser_exception()
+                kept.clear()
+                return
+            self.handle_events()  # a message queued pauses reading (uvicorn's own)
+
+    async def receive(self) -> ASGIReceiveEvent:
+        """The application's next message; only when it asks with none waiting is what was
+        kept parsed, and reading resumed."""
+        if self.queue.empty():
+            self._parse()
+            if self.queue.empty() and self.read_paused:  # all kept was parsed: read on
+                self.read_paused = False
+                self.transport.resume_reading()
+        return await self.queue.get()
+
+    def handle_text(self, event: Frame) -> None:
+        """uvicorn's, then the frame's payload let go (websockets' parser keeps the frame)."""
+        super().handle_text(event)
+        event.data = b""
+
+    def handle_bytes(self, event: Frame) -> None:
+        """uvicorn's, then the frame's payload let go."""
+        super().handle_bytes(event)
+        event.data = b""
+
+    def handle_cont(self, event: Frame) -> None:
+        """uvicorn's, then the frame's payload let go."""
+        super().handle_cont(event)
+        event.data = b""
 
     def _decide_framing(self) -> bool:
         """Whether data frames are framed here: with no extension, or permessage-deflate alone

@@ -355,8 +355,13 @@ class Connection:
     # Frames.
 
     async def _on_frame(self, message: Message) -> None:
-        text = message.get("text")
-        size = len(text) if text is not None else len(message.get("bytes") or b"")
+        # The frame is taken out of its message and let go as soon as it is parsed or refused:
+        # nothing holds it while the next frame is awaited, nor while an answer waits on a
+        # client that stopped reading.
+        text = message.pop("text", None)
+        data = message.pop("bytes", None)
+        size = len(text) if text is not None else len(data or b"")
+        del data
         self.stats.bytes_received += size
         self.record.bytes_in += size
         if text is None:
@@ -370,6 +375,7 @@ class Connection:
             )
             return
         if self._too_large(text):
+            del text
             await self.send_error(
                 error_event(
                     400,
@@ -385,26 +391,33 @@ class Connection:
         budget = self.settings.budget
         parsing = len(text) * PARSE_FACTOR
         if not budget.reserve(parsing):
+            del text
             await self.send_error(memory_budget_exceeded("this message"))
             return
         event = None
         try:
             try:
                 event = await parse_frame(text)
+                held = held_cost(text, event) if isinstance(event, CreateEvent) else 0
             finally:
                 budget.release(parsing)
+                del text
             if isinstance(event, CreateEvent):
-                self._submit(event, held_cost(text, event))  # credentials checked when it runs
+                self._submit(event, held)  # credentials checked when it runs
             elif isinstance(event, SteerEvent):
                 await self._on_steer(event)
             elif isinstance(event, InterruptEvent):
                 await self._on_interrupt(event)
             # A `response.processed` acknowledgement needs no answer.
         except ProtocolError as exc:
+            # Its traceback's frames and the error it was raised from (a JSON error keeps the
+            # document) hold the frame's text: dropped, as the refusal may wait on its lane or
+            # on a client that stopped reading.
+            exc.__traceback__ = exc.__context__ = exc.__cause__ = None
             # A create refused before it runs (its fields, its stream_id, a bound of the lanes)
             # leaves its access-log line as a turn that failed.
             if isinstance(event, CreateEvent) or exc.on_lane or exc.code == "invalid_stream_id":
-                self._create_refused(exc, len(text))
+                self._create_refused(exc, size)
             # A busy lane answers it after what runs before it.
             if not self.lanes.refuse_in_order(exc):
                 await self.send_error(exc.event())

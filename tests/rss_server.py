@@ -1,0 +1,72 @@
+"""A server in a child process whose RSS the tests read: the memory tests' one harness.
+
+The child runs a script (an app under `ws_mode.testing._loopback.ServerThread`) that prints its
+base URL and serves until its standard input closes; its app answers `GET /stats` with its RSS
+(`rss`) beside whatever else it reports. Only the server's own memory counts: the clients, and
+what they build, live in the test's process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+MiB = 1024 * 1024
+
+#: The child's `rss()`: its resident set, in bytes.
+RSS = """
+def rss():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+"""
+
+
+@contextmanager
+def child_server(script: str, *args: str) -> Iterator[str]:
+    """Run `script` (dedented) in a child Python with `args`; yield the base URL it prints,
+    and stop it when done (its standard input closed, killed if it lingers)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        yield child.stdout.readline().strip()
+    finally:
+        child.stdin.close()
+        child.stdout.close()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def stats(base_url: str) -> dict[str, Any]:
+    """What the child's `/stats` reports."""
+    answer: dict[str, Any] = httpx.get(base_url + "/stats", timeout=10).json()
+    return answer
+
+
+def wait_for(
+    base_url: str, condition: Callable[[dict[str, Any]], bool], tries: int = 1500
+) -> dict[str, Any]:
+    """Poll `/stats` until `condition` holds of it; what it reported then."""
+    for _ in range(tries):
+        reported = stats(base_url)
+        if condition(reported):
+            return reported
+        time.sleep(0.02)
+    raise AssertionError(f"never reached: {reported}")
