@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 
-#: What an idle socket costs the server (60 KiB measured under uvicorn; docs/limits.md),
+#: What an idle socket costs the server (63 KiB measured with permessage-deflate, 29 KiB
+#: without, under uvicorn with ws_mode's protocol; docs/limits.md),
 #: reserved for as long as it is open.
 CONNECTION_COST = 64 * 1024
 #: What parsing a frame may cost per byte of its text, at its peak: arrays of tiny items
