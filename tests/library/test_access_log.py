@@ -248,7 +248,7 @@ def test_a_forwarded_address_cannot_forge_a_field_and_records_hold_bounded_value
     assert record_size(closed) < 5000
 
 
-def test_an_id_longer_than_any_issued_is_refused_on_arrival_and_leaves_no_line(
+def test_an_id_longer_than_any_issued_is_refused_on_arrival_and_never_logged(
     access: pytest.LogCaptureFixture,
 ) -> None:
     with serve(middleware()) as base, connect(base) as sock:
@@ -266,7 +266,9 @@ def test_an_id_longer_than_any_issued_is_refused_on_arrival_and_leaves_no_line(
         assert turn(sock, first)["type"] == "response.completed"
         sock.close()
         turns, (closed,) = lines(access)
-    assert [parsed(record, TURN_LINE)["previous"] for record in turns] == ["-", first]
+    # The refused create has its line (failed, with the refusal's code), without the id.
+    assert [parsed(record, TURN_LINE)["previous"] for record in turns] == ["-", "-", first]
+    assert parsed(turns[1], TURN_LINE)["code"] == "string_above_max_length"
     assert all(record_size(record) < 5000 for record in [*turns, closed])
 
 

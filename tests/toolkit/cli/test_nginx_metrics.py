@@ -12,16 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.servers import serve
+from tests.nginx import NGINX, documented_block, needs_nginx, nginx, nginx_config
+from tests.servers import free_port, serve
 from tests.startup_apps import served
-from tests.toolkit.cli.test_check_nginx import (
-    NGINX,
-    documented_block,
-    free_port,
-    needs_nginx,
-    nginx,
-    nginx_config,
-)
 
 OPERATIONS = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 LOCATION = "    location /v1/responses {"
