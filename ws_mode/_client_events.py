@@ -293,18 +293,24 @@ def _prewarm(data: dict[str, Any], stream_id: str | None) -> bool:
     return prewarm is True
 
 
-def _parse_steer(data: dict[str, Any]) -> SteerEvent:
-    previous_response_id = data.get("previous_response_id")
-    if previous_response_id is None and "previous_response_id" not in data:
+def _required_id(data: dict[str, Any], field: str) -> str:
+    """The id `field` of an event that names a response: present, a string, not too long."""
+    value = data.get(field)
+    if value is None and field not in data:
         raise ProtocolError(
-            "Missing required parameter: 'previous_response_id'.",
+            f"Missing required parameter: '{field}'.",
             code="missing_required_parameter",
-            param="previous_response_id",
+            param=field,
         )
-    if type(previous_response_id) is not str:
-        raise _invalid_type("previous_response_id", "a string")
-    if len(previous_response_id) > MAX_ID_CHARS:
-        raise too_long_id("previous_response_id", previous_response_id)
+    if type(value) is not str:
+        raise _invalid_type(field, "a string")
+    if len(value) > MAX_ID_CHARS:
+        raise too_long_id(field, value)
+    return value
+
+
+def _parse_steer(data: dict[str, Any]) -> SteerEvent:
+    previous_response_id = _required_id(data, "previous_response_id")
     unexpected = tuple(key for key in data if key not in _STEER_FIELDS)
     return SteerEvent(
         previous_response_id=previous_response_id, input=data.get("input"), unexpected=unexpected
@@ -312,17 +318,7 @@ def _parse_steer(data: dict[str, Any]) -> SteerEvent:
 
 
 def _parse_interrupt(data: dict[str, Any]) -> InterruptEvent:
-    response_id = data.get("response_id")
-    if response_id is None:
-        raise ProtocolError(
-            "Missing required parameter: 'response_id'.",
-            code="missing_required_parameter",
-            param="response_id",
-        )
-    if type(response_id) is not str:
-        raise _invalid_type("response_id", "a string")
-    if len(response_id) > MAX_ID_CHARS:
-        raise too_long_id("response_id", response_id)
+    response_id = _required_id(data, "response_id")
     # Absent, it is the one mode there is. Refused before the response is looked up: an
     # interrupt ws_mode cannot honour as asked stops nothing, and the response runs on.
     mode = data.get("mode", INTERRUPT_MODE)
