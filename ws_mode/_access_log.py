@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 from ._logs import _UntilConfigured, cut_strings, for_log
 
 if TYPE_CHECKING:
-    from ._observe import ConnectionRecord, TurnRecord
+    from ._records import ConnectionRecord, TurnRecord
 
 ACCESS_LOGGER: Final = "ws_mode.access"
 logger = logging.getLogger(ACCESS_LOGGER)

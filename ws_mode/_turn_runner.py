@@ -34,7 +34,6 @@ from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
-from ._observe import ConnectionRecord, TurnRecord
 from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
     encode_event,
@@ -45,6 +44,7 @@ from ._protocol import (
     server_error,
     store_unavailable,
 )
+from ._records import ConnectionRecord, TurnRecord
 from ._settings import Settings
 from ._socket import ClientGone, ClientSocket
 from ._stack import entry
