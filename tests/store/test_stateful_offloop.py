@@ -54,10 +54,12 @@ class Handler:
         await send({"type": "http.response.body", "body": answer})
 
     async def _tick(self) -> None:
-        last = time.perf_counter()
+        # The loop thread's CPU time between ticks: what the loop spent on other work, which a
+        # busy machine's scheduling does not inflate as it does the wall clock.
+        last = time.thread_time()
         while True:
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
+            now = time.thread_time()
             self.longest = max(self.longest, now - last)
             last = now
 
@@ -86,17 +88,17 @@ def post(client: httpx.Client, body: dict[str, Any] | bytes) -> dict[str, Any]:
 
 
 def test_a_large_post_does_not_stall_the_loop(running: tuple[str, Handler]) -> None:
-    """The longest the server's loop is held while a 12 MiB continuation is handled is a small
-    part of what parsing that body in place holds it for; the handler gets the whole
+    """The longest the server's loop is held (in its thread's CPU time) while a 12 MiB
+    continuation is handled is a small part of what parsing that body in place costs; the handler gets the whole
     conversation, spliced."""
     url, handler = running
     items = [{"role": "user", "content": "x"} for _ in range(400_000)]
     with httpx.Client(base_url=url, timeout=60) as client:
         parent = post(client, {"model": "m", "input": "Start"})
         big = orjson.dumps({"model": "m", "input": items, "previous_response_id": parent["id"]})
-        started = time.perf_counter()
+        started = time.thread_time()
         orjson.loads(big)
-        in_place = time.perf_counter() - started
+        in_place = time.thread_time() - started
         post(client, {"model": "m", "input": items[:60_000]})  # helpers start (not measured)
         time.sleep(0.05)
         handler.longest = 0.0
