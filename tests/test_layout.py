@@ -121,6 +121,33 @@ def test_the_library_never_imports_the_toolkit() -> None:
     assert {name: found for name, found in leaks.items() if found} == {}
 
 
+#: The lab: research benchmarks in the repository's top-level folder, run from a clone, never
+#: installed (the wheel's file list is checked in tests/test_wheel.py).
+LAB = PACKAGE.parent / "benchmarks"
+
+
+def imports_the_lab(path: Path) -> bool:
+    """Whether the module at `path` imports the lab (`benchmarks`), anywhere in it."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "benchmarks" for alias in node.names
+        ):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "benchmarks"
+        ):
+            return True
+    return False
+
+
+def test_neither_library_nor_toolkit_imports_the_lab() -> None:
+    assert [name for name in MODULES if imports_the_lab(MODULES[name])] == []
+    # The check reads what it should: the lab's own modules import each other.
+    assert imports_the_lab(LAB / "deflate_threshold.py")
+
+
 def test_the_toolkit_is_one_folder_and_the_library_the_rest() -> None:
     toolkit = [name for name in MODULES if not in_library(name)]
     assert "ws_mode.toolkit.cli" in toolkit

@@ -1,10 +1,10 @@
 """The load test of WebSocket mode: hundreds of sockets running tool-call chains at once, and the
 same conversations over plain HTTP at the same concurrency, against the same server process.
 
-``python -m ws_mode.toolkit.bench.load --connections 300 --turns 5 --lanes 4`` starts the load
+``python -m benchmarks.load --connections 300 --turns 5 --lanes 4`` starts the load
 server (the reference server, :mod:`ws_mode.toolkit.reference`, behind
 :class:`~ws_mode.WebSocketModeMiddleware` under uvicorn) in a subprocess on loopback: this same
-module, run as ``python -m ws_mode.toolkit.bench.load --serve --spec JSON --fd N`` through
+module, run as ``python -m benchmarks.load --serve --spec JSON --fd N`` through
 :func:`ws_mode.testing._loopback.server_process`, which binds the loopback socket and passes it
 down (:func:`build_load_app`, :func:`serve`). Then it opens ``--connections`` sockets (the
 asyncio ``websockets`` client), all of them before any turn starts. Each socket runs one
@@ -78,15 +78,13 @@ from ws_mode.testing._loopback import (
     serve_inherited,
 )
 from ws_mode.testing._loopback import server_process as loopback_process
-
-from ..measure import PeakSampler, format_bytes, memory, percentile, reset_peak_rss
+from ws_mode.toolkit.measure import PeakSampler, format_bytes, memory, percentile, reset_peak_rss
 
 if TYPE_CHECKING:
     import httpx
 
     from ws_mode.testing._client import AsyncSocket
-
-    from ..http_client import HttpClient
+    from ws_mode.toolkit.http_client import HttpClient
 
 __all__ = [
     "CACHE_OVERHEAD_FACTOR",
@@ -297,7 +295,7 @@ def release_memory() -> bool:
 def build_load_app(spec: dict[str, Any]) -> ASGIApp:
     """The reference app behind the middleware as the spec (the load's options) sets it, and
     the stats, reset and ping routes."""
-    from ..reference import ReferenceConfig, create_app, render_items
+    from ws_mode.toolkit.reference import ReferenceConfig, create_app, render_items
 
     config = ReferenceConfig(
         tool_calls=int(spec["turns"]) - 1, tokens_per_second=float(spec["tokens_per_second"])
@@ -355,10 +353,10 @@ def build_load_app(spec: dict[str, Any]) -> ASGIApp:
 
 
 def serve(argv: Sequence[str]) -> int:
-    """The load server's process: ``python -m ws_mode.toolkit.bench.load --serve --spec JSON
+    """The load server's process: ``python -m benchmarks.load --serve --spec JSON
     --fd N`` (started by :func:`server_process`) serves :func:`build_load_app` on the parent's
     socket."""
-    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.bench.load --serve")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load --serve")
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--spec", required=True, help="the load's options as JSON")
     add_child_arguments(parser)
@@ -420,7 +418,9 @@ class Chain:
 
 def reference_chains(base_url: str, options: LoadOptions) -> list[Chain]:
     """Run each distinct chain once over plain HTTP, with the whole history every turn."""
-    from ..http_client import HttpClient  # the clients' imports: see the module's docstring
+    from ws_mode.toolkit.http_client import (
+        HttpClient,  # the clients' imports: see the module's docstring
+    )
 
     chains: list[Chain] = []
     with HttpClient(base_url, timeout=60.0) as http:
@@ -628,8 +628,7 @@ def history_bodies(chains: list[Chain]) -> list[list[bytes]]:
 async def _turn(client: httpx.AsyncClient, body: bytes) -> dict[str, Any] | None:
     """One streamed turn: its last event (None when the stream had none)."""
     from ws_mode.testing._client import decode_event
-
-    from ..http_client import DONE, HttpStatusError
+    from ws_mode.toolkit.http_client import DONE, HttpStatusError
 
     last: dict[str, Any] | None = None
     async with client.stream("POST", SOCKET_PATH, content=body, headers=HEADERS) as answer:
@@ -653,7 +652,7 @@ async def _conversation(
 ) -> None:
     import httpx
 
-    from ..http_client import HttpStatusError
+    from ws_mode.toolkit.http_client import HttpStatusError
 
     for step in range(options.turns):
         if tally.stopped:
@@ -701,7 +700,7 @@ async def run_http_client(
     httpx would otherwise build one per client)."""
     import httpx
 
-    from ..http_client import HttpStatusError
+    from ws_mode.toolkit.http_client import HttpStatusError
 
     count = options.lanes_of(index)
     tag = f"http client {index}"
@@ -1126,7 +1125,7 @@ def server_process(options: LoadOptions) -> Iterator[ServerProcess]:
         try:
             server = stack.enter_context(
                 loopback_process(
-                    "ws_mode.toolkit.bench.load",
+                    "benchmarks.load",
                     ["--serve", "--spec", json.dumps(spec)],
                     ready_path=STATS_PATH,
                     lifetime=options.duration + 120.0,
@@ -1142,7 +1141,7 @@ def server_process(options: LoadOptions) -> Iterator[ServerProcess]:
 async def run_load(options: LoadOptions, base_url: str, pid: int) -> LoadReport:
     """Run the load against a server already listening at `base_url` (process `pid`): each
     round runs the sockets then HTTP (HTTP first in odd rounds), one side after the other."""
-    from ..http_client import HttpClient
+    from ws_mode.toolkit.http_client import HttpClient
 
     check_file_limit(options)
     report = LoadReport(options=asdict(options), server_pid=pid)
@@ -1193,9 +1192,9 @@ def run(options: LoadOptions) -> LoadReport:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m ws_mode.toolkit.bench.load`` (the load's side)."""
+    """The command line of ``python -m benchmarks.load`` (the load's side)."""
     parser = argparse.ArgumentParser(
-        prog="python -m ws_mode.toolkit.bench.load",
+        prog="python -m benchmarks.load",
         description="Load-test WebSocket mode: the reference server behind the middleware in a "
         "subprocess, hundreds of sockets running tool-call chains on loopback, then the same "
         "conversations over plain HTTP at the same concurrency.",
@@ -1292,7 +1291,7 @@ def options_from(arguments: argparse.Namespace) -> LoadOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ws_mode.toolkit.bench.load``: run the load, print the report; 0 when it is OK.
+    """``python -m benchmarks.load``: run the load, print the report; 0 when it is OK.
     With ``--serve``, be the load server's process instead (:func:`serve`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--serve" in argv:

@@ -1,8 +1,8 @@
-"""The load script (`python -m ws_mode.toolkit.bench.load`): short loads in the normal suite, the
+"""The load script (`python -m benchmarks.load`): short loads in the normal suite, the
 big ones (1,000 sockets against HTTP; 300 with large tool outputs) with `--run-slow`. On both sides
 (the sockets, and the same conversations over plain HTTP) every turn must be right and nothing
 may fail; the server's peak RSS under the sockets must stay under the bound the cache limits
-give (`ws_mode.toolkit.bench.load.rss_bound`). No timing is asserted: the ratios are only
+give (`benchmarks.load.rss_bound`). No timing is asserted: the ratios are only
 reported."""
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ws_mode import _cache as cache
-from ws_mode.toolkit.bench import load as load_test
-from ws_mode.toolkit.bench.load import (
+from benchmarks import load as load_test
+from benchmarks.load import (
     CACHE_OVERHEAD_FACTOR,
     PER_CONNECTION_BYTES,
     RATIOS,
@@ -40,6 +39,7 @@ from ws_mode.toolkit.bench.load import (
     run_side,
     server_process,
 )
+from ws_mode import _cache as cache
 from ws_mode.toolkit.http_client import HttpClient
 
 
@@ -135,7 +135,7 @@ def test_the_command_line_reports_and_exits_zero(tmp_path: Path) -> None:
             *(
                 sys.executable,
                 "-m",
-                "ws_mode.toolkit.bench.load",
+                "benchmarks.load",
                 "--connections",
                 "8",
                 "--turns",
@@ -192,7 +192,7 @@ def test_a_file_limit_too_low_is_refused_before_the_run() -> None:
         [
             sys.executable,
             "-m",
-            "ws_mode.toolkit.bench.load",
+            "benchmarks.load",
             "--connections",
             "200",
             "--lanes",
@@ -209,7 +209,7 @@ def test_a_file_limit_too_low_is_refused_before_the_run() -> None:
 
 def test_the_command_line_refuses_unbounded_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ws_mode.toolkit.bench.load", "--connections", "100000"],
+        [sys.executable, "-m", "benchmarks.load", "--connections", "100000"],
         capture_output=True,
         text=True,
         timeout=60,
