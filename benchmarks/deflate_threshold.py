@@ -10,7 +10,7 @@ messages of at least its ``deflate_threshold`` bytes. This benchmark chooses tha
     python -m benchmarks.deflate_threshold --thresholds 0 256 1024 --repeat 50
 
 It records the frames of real chains in this process: the load bench's server app
-(:func:`benchmarks.load.build_load_app`, the reference model behind the middleware)
+(:func:`benchmarks.server.build_load_app`, the reference model behind the middleware)
 driven through the ASGI interface, one socket running ``--turns``-turn tool-call chains with
 ``--tool-output-bytes`` tool outputs (the load bench's defaults), in the drop-in and the
 cache-aware modes. Then it frames every message of a chain in order, over a fresh negotiation
@@ -56,7 +56,7 @@ DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
 
 
 async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list[str]:
-    from benchmarks import load
+    from benchmarks.load import chains, server
 
     spec = {
         "turns": turns,
@@ -66,7 +66,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
         "max_cached_bytes": 8 * 1024 * 1024,
         "max_cached_responses": 512,
     }
-    app = load.build_load_app(spec)
+    app = server.build_load_app(spec)
     incoming: asyncio.Queue[Message] = asyncio.Queue()
     sent: list[str] = []
     turn_done: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -83,7 +83,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
         if event["type"] in ("response.completed", "response.failed", "error"):
             turn_done.put_nowait(event)
 
-    scope = socket_scope(load.SOCKET_PATH)
+    scope = socket_scope(server.SOCKET_PATH)
     incoming.put_nowait({"type": "websocket.connect"})
 
     async def serve() -> None:
@@ -91,14 +91,14 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
 
     task = asyncio.create_task(serve())
     previous: str | None = None
-    new_input = load.first_input(0)
+    new_input = chains.first_input(0)
     for step in range(turns):
         create: dict[str, Any] = {
             "type": "response.create",
             "model": "reference",
             "input": new_input,
-            "tools": [load.TOOL],
-            "instructions": load.INSTRUCTIONS,
+            "tools": [chains.TOOL],
+            "instructions": chains.INSTRUCTIONS,
         }
         if previous is not None:
             create["previous_response_id"] = previous
@@ -114,7 +114,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
                 {
                     "type": "function_call_output",
                     "call_id": call["call_id"],
-                    "output": load.tool_output(0, step + 1, tool_output_bytes),
+                    "output": chains.tool_output(0, step + 1, tool_output_bytes),
                 }
             ]
     incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})

@@ -71,7 +71,7 @@ from ws_mode.toolkit.measure import format_bytes, format_seconds, median
 from ws_mode.toolkit.reference.request import OVERRIDE_KEY
 from ws_mode.toolkit.rollout import run_socket
 
-from .load import raise_file_limit
+from .load.server import raise_file_limit
 
 __all__ = [
     "API_PATH",

@@ -148,6 +148,15 @@ def test_neither_library_nor_toolkit_imports_the_lab() -> None:
     assert imports_the_lab(LAB / "deflate_threshold.py")
 
 
+def test_no_module_of_the_product_or_the_lab_is_over_the_bound() -> None:
+    long = {
+        path.relative_to(PACKAGE.parent).as_posix(): lines
+        for path in sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")])
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
 def test_the_toolkit_is_one_folder_and_the_library_the_rest() -> None:
     toolkit = [name for name in MODULES if not in_library(name)]
     assert "ws_mode.toolkit.cli" in toolkit

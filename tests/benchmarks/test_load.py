@@ -2,7 +2,7 @@
 big ones (1,000 sockets against HTTP; 300 with large tool outputs) with `--run-slow`. On both sides
 (the sockets, and the same conversations over plain HTTP) every turn must be right and nothing
 may fail; the server's peak RSS under the sockets must stay under the bound the cache limits
-give (`benchmarks.load.rss_bound`). No timing is asserted: the ratios are only
+give (`benchmarks.load.options.rss_bound`). No timing is asserted: the ratios are only
 reported."""
 
 from __future__ import annotations
@@ -18,27 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import load as load_test
-from benchmarks.load import (
+from benchmarks.load import chains as load_chains
+from benchmarks.load.chains import reference_chains
+from benchmarks.load.client import Load, Probe, history_bodies, run_side
+from benchmarks.load.options import (
     CACHE_OVERHEAD_FACTOR,
     PER_CONNECTION_BYTES,
-    RATIOS,
     SLACK_BYTES,
-    Load,
     LoadError,
     LoadOptions,
-    LoadReport,
-    Probe,
-    SideReport,
-    build_parser,
-    history_bodies,
-    options_from,
-    reference_chains,
     rss_bound,
-    run,
-    run_side,
-    server_process,
 )
+from benchmarks.load.report import RATIOS, LoadReport, SideReport
+from benchmarks.load.run import build_parser, options_from, run, server_process
 from ws_mode import _cache as cache
 from ws_mode.toolkit.http_client import HttpClient
 
@@ -232,7 +224,7 @@ def test_the_bound_grows_with_sockets_and_cache_not_with_turns() -> None:
 
 
 def test_the_expected_cache_bytes_use_the_caches_own_node_overhead() -> None:
-    assert load_test.NODE_OVERHEAD is cache.NODE_OVERHEAD
+    assert load_chains.NODE_OVERHEAD is cache.NODE_OVERHEAD
 
 
 def test_long_sets_the_longer_histories_chains() -> None:
