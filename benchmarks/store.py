@@ -25,7 +25,7 @@ time. Interleaved in one run, it measures:
 :class:`StoreBenchOptions` says what to measure; :class:`StoreBenchReport` holds what was
 measured, the ratios (:meth:`StoreBenchReport.ratios`) and the store's counters against what the
 run expects of them, and prints as text or JSON: measurements and ratios only (the project's goals
-for them are in docs/benchmarks.md). Needs the ``cli`` and ``redis`` extras.
+for them are in benchmarks/NOTEBOOK.md). Needs the ``cli`` and ``redis`` extras.
 """
 
 from __future__ import annotations

@@ -227,14 +227,35 @@ LAYERS_MARK = "<!-- layers:"
 
 def table_modules(doc: str) -> list[str]:
     """The library files the doc's tables name in their first column (`_cache.py`,
-    `proxy/_app.py`); the toolkit's table is read by `toolkit_entries`."""
+    `proxy/_app.py`); the toolkit's table is read by `toolkit_entries`, the lab's by
+    `lab_entries`."""
     return [
         file
         for line in doc.splitlines()
-        if line.startswith("| `")
+        if line.startswith("| `") and not line.startswith("| `benchmarks/")
         for file in NAMED.findall(line.split("|")[1])
         if not file.startswith("toolkit/")
     ]
+
+
+def lab_entries(doc: str) -> set[str]:
+    """What the doc's lab table names in its first column: `load/`, `store.py`, ..."""
+    return {
+        name.removeprefix("benchmarks/")
+        for line in doc.splitlines()
+        if line.startswith("| `benchmarks/")
+        for name in re.findall(r"`([\w/.]+)`", line.split("|")[1])
+    }
+
+
+def test_the_architecture_page_names_every_module_of_the_lab() -> None:
+    lab = {
+        path.name + "/" if path.is_dir() else path.name
+        for path in LAB.iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    assert "load/" in lab
+    assert sorted(lab - lab_entries(DOC)) == []
 
 
 TOOLKIT_ENTRY = re.compile(r"`(toolkit/[\w/]*(?:\.py|/))`")
