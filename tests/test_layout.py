@@ -148,10 +148,13 @@ def test_neither_library_nor_toolkit_imports_the_lab() -> None:
     assert imports_the_lab(LAB / "deflate_threshold.py")
 
 
-def test_no_module_of_the_product_or_the_lab_is_over_the_bound() -> None:
+def test_no_module_of_the_repository_is_over_the_bound() -> None:
+    """The product, the lab, the tests and the examples: no module over MAX_LINES."""
+    root = PACKAGE.parent
+    folders = [PACKAGE, LAB, root / "tests", root / "examples"]
     long = {
-        path.relative_to(PACKAGE.parent).as_posix(): lines
-        for path in sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")])
+        path.relative_to(root).as_posix(): lines
+        for path in sorted(path for folder in folders for path in folder.rglob("*.py"))
         if (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
