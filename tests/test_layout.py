@@ -121,6 +121,45 @@ def test_the_library_never_imports_the_toolkit() -> None:
     assert {name: found for name, found in leaks.items() if found} == {}
 
 
+#: The lab: research benchmarks in the repository's top-level folder, run from a clone, never
+#: installed (the wheel's file list is checked in tests/test_wheel.py).
+LAB = PACKAGE.parent / "benchmarks"
+
+
+def imports_the_lab(path: Path) -> bool:
+    """Whether the module at `path` imports the lab (`benchmarks`), anywhere in it."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "benchmarks" for alias in node.names
+        ):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "benchmarks"
+        ):
+            return True
+    return False
+
+
+def test_neither_library_nor_toolkit_imports_the_lab() -> None:
+    assert [name for name in MODULES if imports_the_lab(MODULES[name])] == []
+    # The check reads what it should: the lab's own modules import each other.
+    assert imports_the_lab(LAB / "deflate_threshold.py")
+
+
+def test_no_module_of_the_repository_is_over_the_bound() -> None:
+    """The product, the lab, the tests and the examples: no module over MAX_LINES."""
+    root = PACKAGE.parent
+    folders = [PACKAGE, LAB, root / "tests", root / "examples"]
+    long = {
+        path.relative_to(root).as_posix(): lines
+        for path in sorted(path for folder in folders for path in folder.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
 def test_the_toolkit_is_one_folder_and_the_library_the_rest() -> None:
     toolkit = [name for name in MODULES if not in_library(name)]
     assert "ws_mode.toolkit.cli" in toolkit
@@ -191,14 +230,35 @@ LAYERS_MARK = "<!-- layers:"
 
 def table_modules(doc: str) -> list[str]:
     """The library files the doc's tables name in their first column (`_cache.py`,
-    `proxy/_app.py`); the toolkit's table is read by `toolkit_entries`."""
+    `proxy/_app.py`); the toolkit's table is read by `toolkit_entries`, the lab's by
+    `lab_entries`."""
     return [
         file
         for line in doc.splitlines()
-        if line.startswith("| `")
+        if line.startswith("| `") and not line.startswith("| `benchmarks/")
         for file in NAMED.findall(line.split("|")[1])
         if not file.startswith("toolkit/")
     ]
+
+
+def lab_entries(doc: str) -> set[str]:
+    """What the doc's lab table names in its first column: `load/`, `store.py`, ..."""
+    return {
+        name.removeprefix("benchmarks/")
+        for line in doc.splitlines()
+        if line.startswith("| `benchmarks/")
+        for name in re.findall(r"`([\w/.]+)`", line.split("|")[1])
+    }
+
+
+def test_the_architecture_page_names_every_module_of_the_lab() -> None:
+    lab = {
+        path.name + "/" if path.is_dir() else path.name
+        for path in LAB.iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    assert "load/" in lab
+    assert sorted(lab - lab_entries(DOC)) == []
 
 
 TOOLKIT_ENTRY = re.compile(r"`(toolkit/[\w/]*(?:\.py|/))`")

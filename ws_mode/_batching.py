@@ -20,7 +20,7 @@ permessage-deflate it compresses only messages of at least
 :attr:`BatchingWebSocketProtocol.deflate_threshold` bytes: a turn's many small deltas compress
 well with context takeover but cost most of deflate's CPU for a small share of the bytes, while
 its few large events (the response, finished items) carry most of the bytes
-(``python -m ws_mode.toolkit.benchmarks.deflate_threshold`` measures both per threshold).
+(``python -m benchmarks.deflate_threshold`` measures both per threshold).
 
 Public as :class:`ws_mode.server.BatchingWebSocketProtocol` (uvicorn's ``--ws
 ws_mode.server:BatchingWebSocketProtocol``); the servers ``ws-mode serve``, ``ws-mode proxy`` and

@@ -1,7 +1,8 @@
-"""The README's "Use it" and cache-aware snippets, run as a newcomer runs them: the install line
-covers what they import, the server block is `examples/fastapi_app.py`, the run command serves
-it, and the client snippet prints what the README says it prints. The README cannot drift from
-what works."""
+"""The README's "Use it" snippets, run as a newcomer runs them: the install line covers what
+they import, the server block is `examples/fastapi_app.py`, the run command serves it, and the
+client snippet prints what the README says it prints; the quickstart's commands are the
+project's own. The whole cache-aware handler of docs/handlers.md answers as plain HTTP does on
+new items only. Neither page can drift from what works."""
 
 from __future__ import annotations
 
@@ -22,20 +23,22 @@ from ws_mode.testing._loopback import ws_max_size
 from ws_mode.toolkit.rollout import run_http, run_socket
 
 README = (ROOT / "README.md").read_text()
+HANDLERS = (ROOT / "docs" / "handlers.md").read_text()
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-def section(title: str) -> str:
-    """The README's text from the heading `title` to the next heading of the same level."""
+def section(title: str, page: str = README) -> str:
+    """The page's text from the heading `title` to the next heading of the same level or above."""
     level, _, _ = title.partition(" ")
-    start = README.index(title + "\n")
-    after = README.find(f"\n{level} ", start + len(title))
-    return README[start : after if after != -1 else len(README)]
+    start = page.index(title + "\n")
+    ends = [page.find(f"\n{'#' * n} ", start + len(title)) for n in range(1, len(level) + 1)]
+    after = min((end for end in ends if end != -1), default=len(page))
+    return page[start:after]
 
 
-def blocks(title: str, language: str) -> list[str]:
+def blocks(title: str, language: str, page: str = README) -> list[str]:
     """The fenced code blocks of one language in a section, in order."""
-    return [code for lang, code in FENCE.findall(section(title)) if lang == language]
+    return [code for lang, code in FENCE.findall(section(title, page)) if lang == language]
 
 
 USE_IT = "## Use it"
@@ -103,7 +106,24 @@ def test_the_run_command_serves_what_the_client_snippet_prints() -> None:
     )
 
 
-# The cache-aware snippet, with the four functions it leaves to the reader.
+def test_the_quickstart_commands_are_the_project_s() -> None:
+    [commands] = blocks("## Quickstart", "bash")
+    assert [line.split("#")[0].strip() for line in commands.splitlines()] == [
+        'pip install ".[cli]" && ws-mode demo',
+        'pip install -e ".[test]" && python -m pytest',
+    ]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    # The full option and limit tables live in docs/api.md and docs/limits.md, tested there.
+    assert len(README.splitlines()) <= 210
+    for heading in ("## Use it", "## Will it make my server faster?", "## How it works"):
+        assert f"\n{heading}\n" in README
+    assert "(docs/api.md)" in README
+    assert "(docs/limits.md)" in README
+
+
+# The cache-aware handler of docs/handlers.md, with the four functions it leaves to the reader.
 
 
 class Counted:
@@ -116,7 +136,7 @@ class Counted:
 
 
 def snippet_app(counted: Counted) -> Any:
-    """The README's cache-aware app, its functions counting a context's items."""
+    """The cache-aware app of docs/handlers.md, its functions counting a context's items."""
 
     def summarize(items: list[Any] | str) -> int:
         count = 1 if isinstance(items, str) else len(items)
@@ -132,10 +152,10 @@ def snippet_app(counted: Counted) -> Any:
     def respond(body: dict[str, Any], output: list[dict[str, Any]]) -> Response:
         return answer(body, output[0]["content"])
 
-    [code] = blocks("### Cache-aware handlers", "python")
+    [code] = blocks("### A whole handler, in FastAPI", "python", HANDLERS)
     namespace = {"summarize": summarize, "extend": extend, "generate": generate}
     namespace["respond"] = respond
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/handlers.md", "exec"), namespace)
     return namespace["app"]
 
 

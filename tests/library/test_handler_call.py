@@ -1,212 +1,42 @@
-"""Tests of the in-process HTTP call: the synthetic scope, the handler's answer, its events."""
+"""Tests of the in-process HTTP call: the synthetic scope, the handler's SSE and JSON answers,
+`receive()`, real frameworks, and events handed as objects (its errors and failures:
+test_handler_call_failures.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import typing
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponseWsError
-from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from ws_mode import Limits, Turn, turn
+from tests.library.handler_call_kit import (
+    JSON_HEADERS,
+    STREAM_EVENTS,
+    WS_SCOPE,
+    Sink,
+    body,
+    json_app,
+    make_call,
+    response_object,
+    sse,
+    start,
+)
+from ws_mode import Turn, turn
 from ws_mode._events import ResponseStream
 from ws_mode._handler_call import (
     HandlerCall,
     handler_headers,
     http_scope,
 )
-from ws_mode._socket import ClientGone
-
-# The SDK's event union has no pydantic discriminator: pick each event's model by its type.
-STREAM_EVENTS: dict[str, type[BaseModel]] = {
-    typing.get_args(model.model_fields["type"].annotation)[0]: model
-    for model in typing.get_args(typing.get_args(ResponseStreamEvent)[0])
-}
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class Sink:
-    """Records what a HandlerCall hands on; finishes on a terminal event, like ResponseStream."""
-
-    def __init__(self) -> None:
-        self.finished = False
-        self.log: list[tuple[str, str | None, Any]] = []
-
-    def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
-        self.log.append(("sse", event_type, data))
-        if event_type in TERMINAL:
-            self.finished = True
-        return ""  # a frame to send
-
-    def frame_object(self, event: dict[str, Any] | bytes) -> str | dict[str, Any]:
-        decoded = orjson.loads(event) if isinstance(event, bytes) else event
-        self.log.append(("object", decoded.get("type"), decoded))
-        if decoded.get("type") in TERMINAL:
-            self.finished = True
-        return ""  # a frame to send
-
-    async def send_text(self, text: str) -> None:
-        return None
-
-    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
-        assert not from_handler, "frame() always answers with a frame"
-        self.log.append(("event", event.get("type"), event))
-        if event.get("type") in TERMINAL:
-            self.finished = True
-
-    @property
-    def types(self) -> list[str | None]:
-        return [kind for _, kind, _ in self.log]
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return [payload for source, _, payload in self.log if source == "event"]
-
-
-def sse(event_type: str, **payload: Any) -> bytes:
-    return (
-        b"event: "
-        + event_type.encode()
-        + b"\ndata: "
-        + orjson.dumps({"type": event_type, **payload})
-        + b"\n\n"
-    )
-
-
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
-JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-def start(status: int = 200, headers: list[tuple[bytes, bytes]] = SSE_HEADERS) -> Message:
-    return {"type": "http.response.start", "status": status, "headers": headers}
-
-
-def body(data: bytes, more: bool = True) -> Message:
-    return {"type": "http.response.body", "body": data, "more_body": more}
-
-
-WS_SCOPE: dict[str, Any] = {
-    "type": "websocket",
-    "asgi": {"version": "3.0"},
-    "scheme": "wss",
-    "http_version": "1.1",
-    "path": "/v1/responses",
-    "raw_path": b"/v1/responses",
-    "root_path": "/api",
-    "query_string": b"tenant=1",
-    "headers": [
-        (b"host", b"example.com"),
-        (b"connection", b"Upgrade"),
-        (b"upgrade", b"websocket"),
-        (b"sec-websocket-key", b"dGhlIHNhbXBsZSBub25jZQ=="),
-        (b"sec-websocket-version", b"13"),
-        (b"sec-websocket-extensions", b"permessage-deflate"),
-        (b"sec-websocket-protocol", b"chat"),
-        (b"accept-encoding", b"gzip, br"),
-        (b"authorization", b"Bearer sk-test"),
-        (b"user-agent", b"OpenAI/Python 2.0"),
-        (b"x-tenant", b"acme"),
-        (b"x-forwarded-for", b"10.0.0.1"),
-        (b"x-forwarded-for", b"10.0.0.2"),
-        (b"accept", b"*/*"),
-        (b"content-type", b"text/plain"),
-        (b"content-length", b"99"),
-        (b"keep-alive", b"timeout=5"),
-        (b"te", b"trailers"),
-        (b"transfer-encoding", b"chunked"),
-        (b"proxy-connection", b"keep-alive"),
-        (b"cookie", b"session=1"),
-    ],
-    "client": ("10.0.0.9", 50000),
-    "server": ("example.com", 443),
-    "subprotocols": ["chat"],
-    "state": {"db": "pool", "nested": {"a": 1}},
-    "extensions": {"websocket.http.response": {}, "tls": {"version": 0x304}},
-}
-
-
-def make_call(
-    app: App,
-    sink: Any,
-    request_body: bytes = b'{"stream":true}',
-    max_buffered: int = Limits().max_buffered_answer_bytes,
-    extension: object = "the turn",
-) -> HandlerCall:
-    scope = http_scope(
-        WS_SCOPE,
-        path="/v1/responses",
-        headers=handler_headers(WS_SCOPE),
-        body_length=len(request_body),
-        extension=extension,
-    )
-    return HandlerCall(app, scope, request_body, sink, max_buffered=max_buffered)
-
-
-def response_object(**overrides: Any) -> dict[str, Any]:
-    """A finished response object the openai SDK accepts."""
-    response: dict[str, Any] = {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1700000000,
-        "status": "completed",
-        "model": "test-model",
-        "output": [
-            {
-                "type": "message",
-                "id": "msg_1",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "Hello there", "annotations": []}],
-            }
-        ],
-        "previous_response_id": None,
-        "instructions": None,
-        "tools": [],
-        "tool_choice": "auto",
-        "parallel_tool_calls": True,
-        "store": False,
-        "temperature": None,
-        "top_p": None,
-        "usage": {
-            "input_tokens": 3,
-            "output_tokens": 2,
-            "total_tokens": 5,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        },
-        "error": None,
-        "incomplete_details": None,
-        "metadata": {},
-    }
-    response.update(overrides)
-    Response.model_validate(response)
-    return response
-
-
-def json_app(
-    payload: Any, status: int = 200, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
-) -> App:
-    encoded = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await receive()
-        await send(start(status, headers))
-        await send(body(encoded, more=False))
-
-    return app
-
 
 # --- the synthetic scope --------------------------------------------------------------------
 
@@ -566,213 +396,6 @@ async def test_json_answer_that_is_not_a_response(payload: bytes) -> None:
     assert sink.types == ["error"]
     assert sink.events[0]["status"] == 500
     assert sink.events[0]["error"]["code"] == "server_error"
-
-
-# --- error answers -----------------------------------------------------------------------------
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("status", [400, 401, 404, 422, 429])
-async def test_4xx_json_error_becomes_one_error_event(status: int) -> None:
-    error = {
-        "type": "invalid_request_error",
-        "code": "context_length_exceeded",
-        "message": "Too long.",
-        "param": "input",
-    }
-    sink = Sink()
-    await make_call(json_app({"error": error}, status=status), sink).run()
-    assert sink.events == [
-        {"type": "error", "sequence_number": 0, "status": status, "error": error},
-    ]
-    parsed = ResponseWsError.model_validate(sink.events[0])
-    assert parsed.status == status
-
-
-@pytest.mark.anyio
-async def test_4xx_error_body_with_missing_or_odd_fields() -> None:
-    sink = Sink()
-    payload = {"error": {"message": "Nope.", "code": 42, "param": ["input"]}}
-    await make_call(json_app(payload, status=403), sink).run()
-    assert sink.events == [
-        {
-            "type": "error",
-            "sequence_number": 0,
-            "status": 403,
-            "error": {
-                "type": "invalid_request_error",
-                "code": "invalid_request_error",  # a string always: the type stands in
-                "message": "Nope.",
-                "param": None,
-            },
-        }
-    ]
-
-
-@pytest.mark.anyio
-async def test_error_status_with_an_event_stream_content_type_is_read_whole() -> None:
-    sink = Sink()
-    await make_call(
-        json_app({"error": {"message": "x"}}, status=400, headers=SSE_HEADERS), sink
-    ).run()
-    assert sink.types == ["error"]
-    assert sink.events[0]["status"] == 400
-    assert sink.events[0]["error"]["message"] == "x"
-
-
-@pytest.mark.anyio
-async def test_5xx_non_json_body() -> None:
-    sink = Sink()
-    app = json_app(
-        b"  upstream timed out \n", status=502, headers=[(b"content-type", b"text/plain")]
-    )
-    await make_call(app, sink).run()
-    assert sink.events == [
-        {
-            "type": "error",
-            "sequence_number": 0,
-            "status": 502,
-            "error": {
-                "type": "server_error",
-                "code": "server_error",
-                "message": "upstream timed out",
-                "param": None,
-            },
-        }
-    ]
-    ResponseWsError.model_validate(sink.events[0])
-
-
-@pytest.mark.anyio
-async def test_5xx_empty_body() -> None:
-    sink = Sink()
-    await make_call(json_app(b"", status=503), sink).run()
-    (event,) = sink.events
-    assert event["status"] == 503
-    assert event["error"]["type"] == "server_error"
-    assert "503" in event["error"]["message"]
-
-
-@pytest.mark.anyio
-async def test_4xx_long_text_body_is_cut() -> None:
-    sink = Sink()
-    await make_call(json_app(b"x" * 5000, status=400), sink).run()
-    (event,) = sink.events
-    assert event["error"]["message"] == "x" * 500
-    assert event["error"]["type"] == "invalid_request_error"
-
-
-@pytest.mark.anyio
-async def test_an_answer_read_whole_is_bounded_by_max_buffered_answer_bytes(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    sink = Sink()
-    await make_call(json_app(b"x" * 100, status=400), sink, max_buffered=100).run()
-    (event,) = sink.events
-    assert (event["status"], event["error"]["message"]) == (400, "x" * 100)
-
-    sink = Sink()
-    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
-        await make_call(json_app(b"x" * 101, status=400), sink, max_buffered=100).run()
-    (event,) = sink.events
-    assert (event["status"], event["error"]["code"]) == (500, "server_error")
-    assert "larger than ws_mode accepts" in caplog.text
-
-
-# --- handler failures --------------------------------------------------------------------------
-
-
-@pytest.mark.anyio
-async def test_handler_raising_before_start(caplog: pytest.LogCaptureFixture) -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await receive()
-        raise ValueError("broken handler")
-
-    sink = Sink()
-    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
-        await make_call(app, sink).run()
-    (event,) = sink.events
-    assert event["status"] == 500
-    assert event["error"]["type"] == "server_error"
-    assert event["error"]["code"] == "server_error"
-    assert "ValueError" in event["error"]["message"]
-    assert "broken handler" in caplog.text
-    ResponseWsError.model_validate(event)
-
-
-@pytest.mark.anyio
-async def test_handler_raising_mid_stream() -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send(start())
-        await send(body(sse("response.created") + sse("response.output_text.delta", delta="a")))
-        raise RuntimeError("model crashed")
-
-    sink = Sink()
-    await make_call(app, sink).run()
-    assert sink.types == ["response.created", "response.output_text.delta", "error"]
-    assert sink.events[0]["status"] == 500
-    assert sink.events[0]["error"]["code"] == "server_error"
-
-
-@pytest.mark.anyio
-async def test_handler_raising_after_the_terminal_event_is_not_reported() -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send(start())
-        await send(body(sse("response.completed")))
-        raise RuntimeError("cleanup failed")
-
-    sink = Sink()
-    await make_call(app, sink).run()
-    assert sink.types == ["response.completed"]
-
-
-@pytest.mark.anyio
-async def test_handler_returning_without_answering() -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await receive()
-
-    sink = Sink()
-    await make_call(app, sink).run()
-    (event,) = sink.events
-    assert event["status"] == 500
-    assert "without answering" in event["error"]["message"]
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize(
-    "messages",
-    [
-        [body(b"early")],
-        [start(), start()],
-    ],
-    ids=["body-before-start", "start-twice"],
-)
-async def test_asgi_protocol_errors_are_server_errors(messages: list[Message]) -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        for message in messages:
-            await send(message)
-
-    sink = Sink()
-    await make_call(app, sink).run()
-    assert sink.types == ["error"]
-    assert sink.events[0]["status"] == 500
-
-
-@pytest.mark.anyio
-async def test_client_gone_propagates() -> None:
-    class LeavingSink(Sink):
-        async def send_text(self, text: str) -> None:
-            raise ClientGone("left")
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send(start())
-        await send(body(sse("response.created")))
-
-    sink = LeavingSink()
-    with pytest.raises(ClientGone):
-        await make_call(app, sink).run()
-    # The event was framed; its send found the client gone, and nothing more was reported.
-    assert sink.log == [("sse", "response.created", b'{"type":"response.created"}')]
 
 
 # --- receive() ------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Each `Limits` field is documented in the `Limits` docstring and in docs/limits.md; each
 constant docs/limits.md lists under "Fixed bounds" exists in the code and is named in the
-`Limits` docstring; each keyword of `WebSocketModeMiddleware` has its own line in the README's
-"Options" block.
+`Limits` docstring. (Each keyword of `WebSocketModeMiddleware`, with its default, has its row in
+docs/api.md: tests/library/test_api_docs.py checks it.)
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ws_mode import Limits, WebSocketModeMiddleware
+from ws_mode import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS_MD = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOCSTRING = inspect.getdoc(Limits) or ""
 
 
@@ -52,11 +51,6 @@ def test_every_limits_field_is_in_the_table_of_docs_limits(name: str) -> None:
     assert re.search(rf"^\| \[`{name}`\]\(#", table, flags=re.MULTILINE), name
 
 
-@pytest.mark.parametrize("name", LIMIT_FIELDS)
-def test_every_limits_field_is_in_the_readme_table(name: str) -> None:
-    assert re.search(rf"^\| `{name}` \|", _section(README, "## Options"), flags=re.MULTILINE)
-
-
 def test_the_fixed_bounds_list_is_not_empty() -> None:
     # A broken parse must not make the two tests below pass vacuously.
     assert len(_fixed_bounds()) >= 20
@@ -73,25 +67,3 @@ def test_the_docstring_lists_no_fixed_bound_the_docs_do_not() -> None:
     paragraph = DOCSTRING[DOCSTRING.index("Fixed bounds:") :]
     named = re.findall(r"`([a-z_.]+\.[A-Z_][A-Z0-9_]+)`", paragraph)
     assert sorted(named) == sorted(_fixed_bounds())
-
-
-KEYWORDS = [
-    name
-    for name, parameter in inspect.signature(WebSocketModeMiddleware.__init__).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-]
-
-
-def test_the_middleware_has_keywords_to_check() -> None:
-    assert "limits" in KEYWORDS
-    assert len(KEYWORDS) >= 10
-
-
-@pytest.mark.parametrize("name", KEYWORDS)
-def test_every_middleware_keyword_has_its_line_in_the_option_reference(name: str) -> None:
-    default = inspect.signature(WebSocketModeMiddleware.__init__).parameters[name].default
-    block = _section(README, "## Options").split("```", 2)[1]
-    line = re.search(rf"^    {name}=(.*?),\s+# \S", block, flags=re.MULTILINE)
-    assert line, f"README Options: no commented line for {name}="
-    if default is not None and not isinstance(default, Limits | tuple):
-        assert line.group(1) == repr(default).replace("'", '"'), name

@@ -89,8 +89,8 @@ def post(client: httpx.Client, body: dict[str, Any] | bytes) -> dict[str, Any]:
 
 def test_a_large_post_does_not_stall_the_loop(running: tuple[str, Handler]) -> None:
     """The longest the server's loop is held (in its thread's CPU time) while a 12 MiB
-    continuation is handled is a small part of what parsing that body in place costs; the handler gets the whole
-    conversation, spliced."""
+    continuation is handled is a small part of what parsing that body in place costs; the
+    handler gets the whole conversation, spliced."""
     url, handler = running
     items = [{"role": "user", "content": "x"} for _ in range(400_000)]
     with httpx.Client(base_url=url, timeout=60) as client:

@@ -1,7 +1,7 @@
 """The proxy's HTTP clients: one request upstream, its answer streamed back as raw bytes.
 
 :class:`AiohttpTransport` is the default (``aiohttp``: its C HTTP parser and asyncio streams make
-a request about a quarter of httpx's CPU; ``ws_mode/toolkit/benchmarks/http_clients.py`` measures
+a request about a quarter of httpx's CPU; ``benchmarks/http_clients.py`` measures
 it). :class:`HttpxTransport` serves an ``httpx.AsyncClient`` passed as ``client=``, and is the
 default when aiohttp is not installed. Both map their library's errors to :class:`UpstreamError`
 (502/504 as ``docs/proxy.md`` describes), never follow redirects, never keep cookies, and hand

@@ -318,6 +318,21 @@ class Probe:
             if done(event):
                 return event
 
+    def start_streaming(
+        self, socket: SyncSocket, request: dict[str, Any], what: str = "the response"
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Send ``request`` and read up to its ``response.created`` (the set-up of every case
+        that acts on a response still streaming): the response's id and the events read.
+        :class:`CaseFailed`, naming ``what``, when the response ends first."""
+        socket.send(request)
+        seen: list[dict[str, Any]] = []
+        created = self.read_until(
+            socket, lambda event: event["type"] in ("response.created", *TERMINAL_EVENTS), seen
+        )
+        if created["type"] != "response.created":
+            raise CaseFailed(f"{what} ended with {describe(created)}")
+        return str(created["response"]["id"]), seen
+
     def turn(
         self,
         socket: SyncSocket,

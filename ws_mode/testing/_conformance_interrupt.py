@@ -256,14 +256,7 @@ def steering_rejected(probe: Probe) -> str:
 def race(probe: Probe) -> str:
     socket = probe.socket()
     request = probe.create("Say hello.")
-    socket.send(request)
-    seen: list[dict[str, Any]] = []
-    created = probe.read_until(
-        socket, lambda event: event["type"] in ("response.created", *TERMINAL_EVENTS), seen
-    )
-    if created["type"] != "response.created":
-        raise CaseFailed(f"the response ended with {describe(created)}")
-    target = str(created["response"]["id"])
+    target, seen = probe.start_streaming(socket, request)
     socket.send(interrupt(target))
     answer: dict[str, Any] | None = None
     events = list(seen)

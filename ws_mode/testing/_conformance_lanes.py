@@ -117,13 +117,7 @@ def concurrent(probe: Probe) -> str:
     socket = probe.socket()
     slow, quick = _lane("slow"), _lane("quick")
     long = probe.create(LONG_ANSWER, stream_id=slow)
-    socket.send(long)
-    seen: list[dict[str, Any]] = []
-    first = probe.read_until(
-        socket, lambda event: event["type"] in ("response.created", *TERMINAL_EVENTS), seen
-    )
-    if first["type"] != "response.created":
-        raise CaseFailed(f"the long response ended with {describe(first)}")
+    _, seen = probe.start_streaming(socket, long, "the long response")
     socket.send(probe.create("Hello", stream_id=quick, generate=False))
     finished: list[str] = []
     events: dict[str, list[dict[str, Any]]] = {slow: list(seen), quick: []}

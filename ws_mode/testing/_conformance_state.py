@@ -5,8 +5,9 @@ the connection, the cache's eviction rules for failed continuations, fresh chain
 from __future__ import annotations
 
 import secrets
-from typing import Final
+from typing import Any, Final
 
+from ._client import SyncSocket
 from ._conformance import LONG_ANSWER, CaseFailed, CaseSkipped, ConformanceCase, Probe
 from ._conformance_lanes import GUIDE, fresh_chain
 
@@ -55,17 +56,22 @@ def not_across_connections(probe: Probe) -> str:
     return f"{first.id} (store=false) is not found on another socket"
 
 
+def must_fail(probe: Probe, socket: SyncSocket, request: dict[str, Any], what: str) -> None:
+    """Run ``request`` (made to fail by :data:`FAILING_FIELDS`); :class:`CaseSkipped` when the
+    endpoint accepts it, for then no ``what`` (a continuation, a fork) can be made to fail."""
+    if probe.turn(socket, request).finished:
+        raise CaseSkipped(
+            f"the endpoint accepted a {what} with metadata {{'conform': 1}} (a non-string "
+            f"metadata value), so no {what} could be made to fail"
+        )
+
+
 def failed_continuation_evicts(probe: Probe) -> str:
     socket = probe.socket()
     # On the default lane: the rule is about one lane, any lane.
     parent = probe.finished_turn(socket, probe.create(), "the parent")
     bad = probe.create(probe.follow_up(parent), previous_response_id=parent.id, **FAILING_FIELDS)
-    failed = probe.turn(socket, bad)
-    if failed.finished:
-        raise CaseSkipped(
-            "the endpoint accepted a continuation with metadata {'conform': 1} (a non-string "
-            "metadata value), so no continuation could be made to fail"
-        )
+    must_fail(probe, socket, bad, "continuation")
     retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id)
     turn = probe.turn(socket, retry)
     probe.expect_error(
@@ -84,12 +90,7 @@ def failed_fork_keeps(probe: Probe) -> str:
     bad = probe.create(
         probe.follow_up(parent), previous_response_id=parent.id, stream_id=away, **FAILING_FIELDS
     )
-    failed = probe.turn(socket, bad)
-    if failed.finished:
-        raise CaseSkipped(
-            "the endpoint accepted a fork with metadata {'conform': 1} (a non-string metadata "
-            "value), so no fork could be made to fail"
-        )
+    must_fail(probe, socket, bad, "fork")
     retry = probe.create(probe.follow_up(parent), previous_response_id=parent.id)
     turn = probe.finished_turn(socket, retry, "a continuation after a failed cross-lane fork")
     return f"after the failed fork, {parent.id} was continued ({turn.id})"

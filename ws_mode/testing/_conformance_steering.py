@@ -38,6 +38,8 @@ TOO_FAST: Final = (
 )
 #: At most this many rounds of tool calls are answered while waiting for a message to stream.
 TOOL_ROUNDS: Final = 4
+#: What a case's set-up names when the response ends before it could be steered into.
+INTO: Final = "the response to steer into"
 
 
 def steer(target: str, input: Any = STEER_TEXT, **extra: Any) -> dict[str, Any]:
@@ -103,25 +105,10 @@ def failed_code(event: dict[str, Any]) -> str | None:
     return str(event["error"]["code"])
 
 
-def start_streaming(
-    probe: Probe, socket: SyncSocket, request: dict[str, Any]
-) -> tuple[str, list[dict[str, Any]]]:
-    """Send ``request`` and read up to its ``response.created``: the response's id and the
-    events read."""
-    socket.send(request)
-    seen: list[dict[str, Any]] = []
-    created = probe.read_until(
-        socket, lambda event: event["type"] in ("response.created", *TERMINAL_EVENTS), seen
-    )
-    if created["type"] != "response.created":
-        raise CaseFailed(f"the response to steer into ended with {describe(created)}")
-    return str(created["response"]["id"]), seen
-
-
 def accepted(probe: Probe) -> str:
     socket = probe.socket()
     lane = _lane("steer")
-    target, seen = start_streaming(probe, socket, probe.create(LONG_ANSWER, stream_id=lane))
+    target, seen = probe.start_streaming(socket, probe.create(LONG_ANSWER, stream_id=lane), INTO)
     answer = steer_accepted(probe, socket, target, seen, "a streaming response")
     problems = steer_accepted_problems(answer, target, lane)
     if problems:
@@ -204,7 +191,7 @@ def steer_left_pending(probe: Probe, socket: SyncSocket) -> Pending:
         tools=[LOOKUP_TOOL],
         tool_choice="required",
     )
-    target, seen = start_streaming(probe, socket, request)
+    target, seen = probe.start_streaming(socket, request, INTO)
     answer = steer_accepted(probe, socket, target, seen, "a streaming response")
     steers: list[dict[str, Any]] = []
     turn = probe.turn(socket, request, send=False, before=seen, steers=steers)
@@ -297,7 +284,7 @@ def _refused_while_streaming(
     """Send each of ``steers`` (built for the target id) into a streaming response; their
     answers, each of which must be ``invalid_input``."""
     socket = probe.socket()
-    target, seen = start_streaming(probe, socket, probe.create(LONG_ANSWER))
+    target, seen = probe.start_streaming(socket, probe.create(LONG_ANSWER), INTO)
     for event in steers:
         socket.send({**event, "previous_response_id": target})
     answers = [steer_answer(probe, socket, seen) for _event in steers]

@@ -25,7 +25,7 @@ LOAD_SPEC = (
     '{"turns": 2, "tokens_per_second": 0, "full_context": "always", "connections": 4, '
     '"max_cached_bytes": 1048576, "max_cached_responses": 16}'
 )
-LOAD_SERVER = ("ws_mode.toolkit.bench.load", ["--serve", "--spec", LOAD_SPEC])
+LOAD_SERVER = ("benchmarks.load", ["--serve", "--spec", LOAD_SPEC])
 
 
 async def _where(request: Request) -> Response:

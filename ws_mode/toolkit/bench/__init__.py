@@ -1,5 +1,4 @@
-"""``ws-mode bench``, the load test and the store benchmark: what WebSocket mode saves, and what it
-holds, measured.
+"""``ws-mode bench``: what WebSocket mode saves, measured against the reference server or your own.
 
 Not part of the core library: tools around it, needing the ``cli`` extra. The modes, one module
 each:
@@ -10,13 +9,10 @@ each:
 - :mod:`~ws_mode.toolkit.bench.proxy`: ``ws-mode bench --proxy``, direct HTTP against the socket
   through ``ws-mode proxy`` (the run, the report, and the proxy's process);
 - :mod:`~ws_mode.toolkit.bench.url`: ``ws-mode bench --url``, HTTP against the socket on a server
-  of your own;
-- :mod:`~ws_mode.toolkit.bench.load` (``python -m ws_mode.toolkit.bench.load``): the load test, up
-  to thousands of sockets at once, under a memory bound, against HTTP at the same concurrency
-  (the options, the server's process, the clients, the report);
-- :mod:`~ws_mode.toolkit.bench.store` (``python -m ws_mode.toolkit.bench.store --redis URL``): what
-  the Redis store costs per turn, per hydration and under 200 sockets (the options, the server's
-  process, the measurements, the report).
+  of your own.
+
+The research benchmarks (the load test, the store benchmark, the peer comparisons) live outside
+the package, in the repository's ``benchmarks/`` folder, run from a clone.
 
 What the ``ws-mode bench`` modes share:
 
@@ -32,7 +28,6 @@ What the ``ws-mode bench`` modes share:
 - :mod:`~ws_mode.toolkit.bench.in_process`: what the two microbenchmarks need to call the
   middleware with no server (a socket's scope, the event loop).
 
-The load test, the store benchmark and ``--proxy`` run their server in a child process started
-as their own module with ``--serve``. This package imports none of its modules, so ``python -m``
-runs each without importing it twice.
+``--proxy`` runs its server in a child process started as its own module with ``--serve``. This
+package imports none of its modules, so ``python -m`` runs each without importing it twice.
 """

@@ -1,10 +1,11 @@
 """The project's own goals for ``ws-mode bench``, checked only when asked (``--check``).
 
 The default report prints measurements and ratios; ``ws-mode bench --check`` also compares
-them with the goals below (docs/benchmarks.md says why each is set where it is) and exits
-non-zero when one is not met: :func:`measured_goals` measures each :class:`Goal` of the rollout
-comparison (:mod:`ws_mode.toolkit.bench.rollout`), :func:`proxy_goals` those of ``--proxy``
-(:mod:`ws_mode.toolkit.bench.proxy`), :func:`goal_lines` prints them.
+them with the goals below (the lab notebook, benchmarks/NOTEBOOK.md in the repository, says why
+each is set where it is) and exits non-zero when one is not met: :func:`measured_goals` measures
+each :class:`Goal` of the rollout comparison (:mod:`ws_mode.toolkit.bench.rollout`),
+:func:`proxy_goals` those of ``--proxy`` (:mod:`ws_mode.toolkit.bench.proxy`), :func:`goal_lines`
+prints them.
 """
 
 from __future__ import annotations

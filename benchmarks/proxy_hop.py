@@ -1,6 +1,6 @@
 """What the proxy hop costs per turn: ``ws-mode proxy`` against the same upstream over HTTP.
 
-Three processes on loopback: a cheap upstream (``ws_mode/toolkit/benchmarks/http_clients.py``'s, a
+Three processes on loopback: a cheap upstream (``benchmarks/http_clients.py``'s, a
 raw ASGI app that answers a function call per turn without parsing the body, so the upstream itself
 costs next to nothing), the proxy (``WebSocketModeMiddleware`` in front of
 ``ws_mode.proxy.create_proxy(upstream)``, under uvicorn with the WebSocket implementation
@@ -18,9 +18,9 @@ and reads the proxy process's CPU time after every turn, so each turn's proxy CP
 read's own cost, measured apart, is taken off). Medians over the repetitions; early turn =
 turns 2-4, late = the last three tool-call turns (about 93 KiB of history at the defaults)::
 
-    python -m ws_mode.toolkit.benchmarks.proxy_hop
-    python -m ws_mode.toolkit.benchmarks.proxy_hop --ws websockets-sansio --ws batched
-    python -m ws_mode.toolkit.benchmarks.proxy_hop --repeat 9 --profile prof/   # cProfile the
+    python -m benchmarks.proxy_hop
+    python -m benchmarks.proxy_hop --ws websockets-sansio --ws batched
+    python -m benchmarks.proxy_hop --repeat 9 --profile prof/   # cProfile the
     proxy's socket turns
 """
 
@@ -44,10 +44,10 @@ from ws_mode import WebSocketModeMiddleware
 from ws_mode._protocol import json_answer
 from ws_mode.proxy import create_proxy
 from ws_mode.testing._loopback import add_child_arguments, serve_inherited, server_process
+from ws_mode.toolkit.cli.common import WS_IMPLEMENTATIONS
+from ws_mode.toolkit.measure import format_bytes, format_seconds, median
+from ws_mode.toolkit.rollout import RolloutResult, run_http, run_socket
 
-from ..cli.common import WS_IMPLEMENTATIONS
-from ..measure import format_bytes, format_seconds, median
-from ..rollout import RolloutResult, run_http, run_socket
 from .http_clients import cheap_upstream
 
 CPU_PATH: Final = "/_hop/cpu"
@@ -158,9 +158,7 @@ def measure(arguments: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         proxies: dict[str, tuple[str, ProxyCpu]] = {}
         for ws in implementations:
             child = ["--serve-proxy", "--upstream", upstream.base_url + "/v1", "--ws", ws]
-            proxy = stack.enter_context(
-                server_process("ws_mode.toolkit.benchmarks.proxy_hop", child)
-            )
+            proxy = stack.enter_context(server_process("benchmarks.proxy_hop", child))
             cpu = ProxyCpu(proxy.base_url)
             cpu.calibrate()
             proxies[ws] = (proxy.base_url, cpu)

@@ -26,9 +26,9 @@ the ratios of each ``ws-mode`` row to agentic-api's. Run it in the ws_mode venv,
 agentic-api's ``agentic-server`` or the python of the venv it is installed in (keep it out of the
 project's venv: ``python -m venv ~/agentic && ~/agentic/bin/pip install agentic-api``)::
 
-    python -m ws_mode.toolkit.benchmarks.peer_agentic ~/agentic/bin/agentic-server
+    python -m benchmarks.peer_agentic ~/agentic/bin/agentic-server
 
-It is not part of the package or the test suite (see ws_mode/toolkit/benchmarks/README.md).
+It is not part of the package or the test suite (see benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ws_mode.testing._loopback import HOST, server_process
+from ws_mode.toolkit.link import LinkSpec, link_process
 
-from ..link import LinkSpec, link_process
 from .peer_run import HTTP, Mode, compare, front_process, report, ws_mode_command
 from .recorded_upstream import MODEL
 
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peer-agentic-")))
         upstream = stack.enter_context(
             server_process(
-                "ws_mode.toolkit.benchmarks.recorded_upstream",
+                "benchmarks.recorded_upstream",
                 upstream_arguments,
                 ready_path="/healthz",
             )

@@ -1,4 +1,4 @@
-"""The store benchmark (`python -m ws_mode.toolkit.bench.store`): a small run against a real
+"""The store benchmark (`python -m benchmarks.store`): a small run against a real
 redis-server reports every measurement, positive ratios, and the store's counters equal to
 what the run did; it leaves no keys behind, and refuses to report when Redis is not there.
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from benchmarks.store import StoreBenchOptions, StoreBenchReport, main, run
 from tests.redis_server import RedisServer, free_port
-from ws_mode.toolkit.bench.store import StoreBenchOptions, StoreBenchReport, main, run
 
 SMALL = {"turns": 3, "repeat": 2, "chain_turns": 4, "sockets": 6, "socket_turns": 2}
 

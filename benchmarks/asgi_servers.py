@@ -9,8 +9,8 @@ events as objects (``Turn.send_event``). One websockets client streams each endp
 process's CPU time per event (read from outside, children included) is the median over the
 repetitions::
 
-    python -m ws_mode.toolkit.benchmarks.asgi_servers
-    python -m ws_mode.toolkit.benchmarks.asgi_servers --servers uvicorn hypercorn --events 5000
+    python -m benchmarks.asgi_servers
+    python -m benchmarks.asgi_servers --servers uvicorn hypercorn --events 5000
 
 The servers: uvicorn with ws_mode's :class:`~ws_mode.server.BatchingWebSocketProtocol`
 (``uvicorn-batched``, the one ws_mode's servers use) and each of its own WebSocket implementations
@@ -35,14 +35,14 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..bench.control import process_cpu
-from ..bench.forward import ForwardError, run_forward
-from ..measure import median
+from ws_mode.toolkit.bench.control import process_cpu
+from ws_mode.toolkit.bench.forward import ForwardError, run_forward
+from ws_mode.toolkit.measure import median
 
 __all__ = ["SERVERS", "ServerRun", "app", "main", "measure_server", "server_command"]
 
 _EVENTS_ENV: Final = "WS_MODE_ASGI_SERVERS_EVENTS"
-_APP: Final = "ws_mode.toolkit.benchmarks.asgi_servers:app"
+_APP: Final = "benchmarks.asgi_servers:app"
 #: The servers compared, in the report's order.
 SERVERS: Final = (
     "uvicorn-batched",
@@ -64,7 +64,7 @@ class _BenchApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.inner is None:
-            from ..bench.server import ServerSpec, build_bench_app
+            from ws_mode.toolkit.bench.server import ServerSpec, build_bench_app
 
             events = int(os.environ.get(_EVENTS_ENV, "2000"))
             self.inner = build_bench_app(ServerSpec(tool_calls=1, forward_events=events))
@@ -245,8 +245,8 @@ def report(runs: Sequence[ServerRun]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ws_mode.toolkit.benchmarks.asgi_servers``: measure, print the table."""
-    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.benchmarks.asgi_servers")
+    """``python -m benchmarks.asgi_servers``: measure, print the table."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.asgi_servers")
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     parser.add_argument("--events", type=int, default=5000, help="events per stream")
     parser.add_argument("--repeat", type=int, default=3, help="streams per endpoint and mode")

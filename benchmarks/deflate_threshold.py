@@ -6,11 +6,11 @@ deltas of 100 to 200 bytes) and one or two large ones (``response.output_item.do
 uncompressed (RFC 7692); :class:`ws_mode.server.BatchingWebSocketProtocol` compresses only the
 messages of at least its ``deflate_threshold`` bytes. This benchmark chooses that threshold::
 
-    python -m ws_mode.toolkit.benchmarks.deflate_threshold
-    python -m ws_mode.toolkit.benchmarks.deflate_threshold --thresholds 0 256 1024 --repeat 50
+    python -m benchmarks.deflate_threshold
+    python -m benchmarks.deflate_threshold --thresholds 0 256 1024 --repeat 50
 
 It records the frames of real chains in this process: the load bench's server app
-(:func:`ws_mode.toolkit.bench.load.build_load_app`, the reference model behind the middleware)
+(:func:`benchmarks.server.build_load_app`, the reference model behind the middleware)
 driven through the ASGI interface, one socket running ``--turns``-turn tool-call chains with
 ``--tool-output-bytes`` tool outputs (the load bench's defaults), in the drop-in and the
 cache-aware modes. Then it frames every message of a chain in order, over a fresh negotiation
@@ -46,8 +46,8 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from ..._batching import data_frame
-from ..bench.in_process import socket_scope
+from ws_mode._batching import data_frame
+from ws_mode.toolkit.bench.in_process import socket_scope
 
 __all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain", "uvicorn_deflate"]
 
@@ -56,7 +56,7 @@ DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
 
 
 async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list[str]:
-    from ..bench import load
+    from benchmarks.load import chains, server
 
     spec = {
         "turns": turns,
@@ -66,7 +66,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
         "max_cached_bytes": 8 * 1024 * 1024,
         "max_cached_responses": 512,
     }
-    app = load.build_load_app(spec)
+    app = server.build_load_app(spec)
     incoming: asyncio.Queue[Message] = asyncio.Queue()
     sent: list[str] = []
     turn_done: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -83,7 +83,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
         if event["type"] in ("response.completed", "response.failed", "error"):
             turn_done.put_nowait(event)
 
-    scope = socket_scope(load.SOCKET_PATH)
+    scope = socket_scope(server.SOCKET_PATH)
     incoming.put_nowait({"type": "websocket.connect"})
 
     async def serve() -> None:
@@ -91,14 +91,14 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
 
     task = asyncio.create_task(serve())
     previous: str | None = None
-    new_input = load.first_input(0)
+    new_input = chains.first_input(0)
     for step in range(turns):
         create: dict[str, Any] = {
             "type": "response.create",
             "model": "reference",
             "input": new_input,
-            "tools": [load.TOOL],
-            "instructions": load.INSTRUCTIONS,
+            "tools": [chains.TOOL],
+            "instructions": chains.INSTRUCTIONS,
         }
         if previous is not None:
             create["previous_response_id"] = previous
@@ -114,7 +114,7 @@ async def _record(full_context: str, turns: int, tool_output_bytes: int) -> list
                 {
                     "type": "function_call_output",
                     "call_id": call["call_id"],
-                    "output": load.tool_output(0, step + 1, tool_output_bytes),
+                    "output": chains.tool_output(0, step + 1, tool_output_bytes),
                 }
             ]
     incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
@@ -284,8 +284,8 @@ def _sizes(messages: list[bytes]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ws_mode.toolkit.benchmarks.deflate_threshold``: record, frame, report."""
-    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.benchmarks.deflate_threshold")
+    """``python -m benchmarks.deflate_threshold``: record, frame, report."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.deflate_threshold")
     parser.add_argument("--thresholds", type=int, nargs="+", default=list(DEFAULT_THRESHOLDS))
     parser.add_argument("--turns", type=int, default=5, help="turns per chain")
     parser.add_argument("--tool-output-bytes", type=int, default=1024)

@@ -1,8 +1,8 @@
-"""The load script (`python -m ws_mode.toolkit.bench.load`): short loads in the normal suite, the
+"""The load script (`python -m benchmarks.load`): short loads in the normal suite, the
 big ones (1,000 sockets against HTTP; 300 with large tool outputs) with `--run-slow`. On both sides
 (the sockets, and the same conversations over plain HTTP) every turn must be right and nothing
 may fail; the server's peak RSS under the sockets must stay under the bound the cache limits
-give (`ws_mode.toolkit.bench.load.rss_bound`). No timing is asserted: the ratios are only
+give (`benchmarks.load.options.rss_bound`). No timing is asserted: the ratios are only
 reported."""
 
 from __future__ import annotations
@@ -18,28 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from ws_mode import _cache as cache
-from ws_mode.toolkit.bench import load as load_test
-from ws_mode.toolkit.bench.load import (
+from benchmarks.load import chains as load_chains
+from benchmarks.load.chains import reference_chains
+from benchmarks.load.client import Load, Probe, history_bodies, run_side
+from benchmarks.load.options import (
     CACHE_OVERHEAD_FACTOR,
     PER_CONNECTION_BYTES,
-    RATIOS,
     SLACK_BYTES,
-    Load,
     LoadError,
     LoadOptions,
-    LoadReport,
-    Probe,
-    SideReport,
-    build_parser,
-    history_bodies,
-    options_from,
-    reference_chains,
     rss_bound,
-    run,
-    run_side,
-    server_process,
 )
+from benchmarks.load.report import RATIOS, LoadReport, SideReport
+from benchmarks.load.run import build_parser, options_from, run, server_process
+from ws_mode import _cache as cache
 from ws_mode.toolkit.http_client import HttpClient
 
 
@@ -135,7 +127,7 @@ def test_the_command_line_reports_and_exits_zero(tmp_path: Path) -> None:
             *(
                 sys.executable,
                 "-m",
-                "ws_mode.toolkit.bench.load",
+                "benchmarks.load",
                 "--connections",
                 "8",
                 "--turns",
@@ -192,7 +184,7 @@ def test_a_file_limit_too_low_is_refused_before_the_run() -> None:
         [
             sys.executable,
             "-m",
-            "ws_mode.toolkit.bench.load",
+            "benchmarks.load",
             "--connections",
             "200",
             "--lanes",
@@ -209,7 +201,7 @@ def test_a_file_limit_too_low_is_refused_before_the_run() -> None:
 
 def test_the_command_line_refuses_unbounded_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ws_mode.toolkit.bench.load", "--connections", "100000"],
+        [sys.executable, "-m", "benchmarks.load", "--connections", "100000"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -232,7 +224,7 @@ def test_the_bound_grows_with_sockets_and_cache_not_with_turns() -> None:
 
 
 def test_the_expected_cache_bytes_use_the_caches_own_node_overhead() -> None:
-    assert load_test.NODE_OVERHEAD is cache.NODE_OVERHEAD
+    assert load_chains.NODE_OVERHEAD is cache.NODE_OVERHEAD
 
 
 def test_long_sets_the_longer_histories_chains() -> None:

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from ws_mode.testing._loopback import HOST, bind_loopback, wait_answering
+from ws_mode.toolkit.agent import DEFAULT_PROMPT, user_message
+from ws_mode.toolkit.bench.control import process_cpu
+from ws_mode.toolkit.measure import format_bytes, format_seconds, median, memory
+from ws_mode.toolkit.rollout import RolloutResult, run_http, run_socket
 
-from ..agent import DEFAULT_PROMPT, user_message
-from ..bench.control import process_cpu
-from ..measure import format_bytes, format_seconds, median, memory
-from ..rollout import RolloutResult, run_http, run_socket
 from .recorded_upstream import (
     CONVERSATION_FIELDS,
     PROMPTS,

@@ -1,8 +1,8 @@
 """The store benchmark: what the Redis store costs WebSocket mode, per turn, per hydration and in
 throughput.
 
-``python -m ws_mode.toolkit.bench.store --redis redis://127.0.0.1:6379/0`` starts the bench server
-in a subprocess on loopback: this same module, run as ``python -m ws_mode.toolkit.bench.store
+``python -m benchmarks.store --redis redis://127.0.0.1:6379/0`` starts the bench server
+in a subprocess on loopback: this same module, run as ``python -m benchmarks.store
 --serve --redis URL --prefix P --fd N`` through :func:`ws_mode.testing._loopback.server_process`,
 which binds the loopback socket and passes it down (:func:`build_store_app`, :func:`serve`). It
 serves the reference server behind two middlewares: one without a store at
@@ -25,7 +25,7 @@ time. Interleaved in one run, it measures:
 :class:`StoreBenchOptions` says what to measure; :class:`StoreBenchReport` holds what was
 measured, the ratios (:meth:`StoreBenchReport.ratios`) and the store's counters against what the
 run expects of them, and prints as text or JSON: measurements and ratios only (the project's goals
-for them are in docs/benchmarks.md). Needs the ``cli`` and ``redis`` extras.
+for them are in benchmarks/NOTEBOOK.md). Needs the ``cli`` and ``redis`` extras.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ from ws_mode.testing._loopback import (
     server_process,
     ws_max_size,
 )
-
-from ..agent import (
+from ws_mode.toolkit.agent import (
     DEFAULT_INSTRUCTIONS,
     DEFAULT_PROMPT,
     DEFAULT_TOOLS,
@@ -67,11 +66,12 @@ from ..agent import (
     tool_output,
     user_message,
 )
-from ..http_client import HttpClient, HttpStatusError
-from ..measure import format_bytes, format_seconds, median
-from ..reference.request import OVERRIDE_KEY
-from ..rollout import run_socket
-from .load import raise_file_limit
+from ws_mode.toolkit.http_client import HttpClient, HttpStatusError
+from ws_mode.toolkit.measure import format_bytes, format_seconds, median
+from ws_mode.toolkit.reference.request import OVERRIDE_KEY
+from ws_mode.toolkit.rollout import run_socket
+
+from .load.server import raise_file_limit
 
 __all__ = [
     "API_PATH",
@@ -153,8 +153,7 @@ def build_store_app(
     stats route."""
     from ws_mode._middleware import WebSocketModeMiddleware
     from ws_mode.redis_store import RedisStore
-
-    from ..reference import ReferenceConfig, create_app, render_items
+    from ws_mode.toolkit.reference import ReferenceConfig, create_app, render_items
 
     # The tool calls come with each request (the reference's metadata override).
     reference = create_app(ReferenceConfig(tool_calls=0), path=API_PATH)
@@ -181,10 +180,10 @@ def build_store_app(
 
 
 def serve(argv: Sequence[str]) -> int:
-    """The bench server's process: ``python -m ws_mode.toolkit.bench.store --serve --redis URL
+    """The bench server's process: ``python -m benchmarks.store --serve --redis URL
     --prefix P --fd N`` (started by :func:`run`) serves :func:`build_store_app` on the parent's
     socket."""
-    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.bench.store --serve")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store --serve")
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--redis", required=True, help="the Redis URL of the store")
     parser.add_argument("--prefix", required=True, help="the store's key prefix")
@@ -193,7 +192,7 @@ def serve(argv: Sequence[str]) -> int:
     add_child_arguments(parser)
     args = parser.parse_args(argv)
     # Warm what the first request would otherwise pay for: the tokenizer's training.
-    from ..reference import render_items
+    from ws_mode.toolkit.reference import render_items
 
     render_items([{"role": "user", "content": "warm up"}])
     serve_inherited(
@@ -450,7 +449,7 @@ class StoreBenchReport:
         )
         return "\n".join(
             [
-                f"ws_mode.toolkit.bench.store: the Redis store against no store, both middlewares "
+                f"benchmarks.store: the Redis store against no store, both middlewares "
                 f"{MIDDLEWARES[o['full_context']]}; server in its own process; medians of "
                 f"{o['repeat']} repetitions, interleaved.",
                 "",
@@ -505,7 +504,7 @@ def run(options: StoreBenchOptions) -> StoreBenchReport:
     try:
         with (
             server_process(
-                "ws_mode.toolkit.bench.store", arguments, ready_path=STATS_PATH,
+                "benchmarks.store", arguments, ready_path=STATS_PATH,
                 lifetime=24 * 3600.0, backlog=BACKLOG,
             ) as server,
             HttpClient(server.base_url, timeout=options.timeout) as http,
@@ -536,7 +535,7 @@ def run(options: StoreBenchOptions) -> StoreBenchReport:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ws_mode.toolkit.bench.store",
+        prog="python -m benchmarks.store",
         description="Measure what the Redis store costs WebSocket mode: per-turn overhead, "
         "hydrating a long conversation on a new socket, and turns/s of many sockets at once.",
     )
@@ -571,7 +570,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ws_mode.toolkit.bench.store --redis URL``: measure, print the report; 0 when the
+    """``python -m benchmarks.store --redis URL``: measure, print the report; 0 when the
     store's counters are what the run expects, 1 when not, 2 when it could not measure. With
     ``--serve``, be the bench server's process instead (:func:`serve`)."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,4 +1,4 @@
-"""The upstream of the peer comparison (``ws_mode/toolkit/benchmarks/peer_litellm.py``), and its
+"""The upstream of the peer comparison (``benchmarks/peer_litellm.py``), and its
 check.
 
 The upstream is the reference server (``ws_mode.toolkit.reference``, plain HTTP, no WebSocket mode,
@@ -12,7 +12,7 @@ whether a proxy in front rebuilt the exact history. Two workloads: the agent too
 ``ws_mode.toolkit.rollout`` (:func:`tool_outputs`), and a three-message conversation whose every
 answer is an assistant message (:func:`converse_http`, :func:`converse_socket`).
 
-Run as ``python -m ws_mode.toolkit.benchmarks.recorded_upstream --turns N [--cheap] --fd FD`` by
+Run as ``python -m benchmarks.recorded_upstream --turns N [--cheap] --fd FD`` by
 :func:`~ws_mode.testing._loopback.server_process`.
 """
 
@@ -33,11 +33,11 @@ from ws_mode._sse import SSEDecoder
 from ws_mode.testing._client import connect
 from ws_mode.testing._diff import diff_fields, diff_items
 from ws_mode.testing._loopback import add_child_arguments, serve_inherited
+from ws_mode.toolkit.agent import DEFAULT_INSTRUCTIONS, DEFAULT_TOOLS, user_message
+from ws_mode.toolkit.http_client import HttpClient
+from ws_mode.toolkit.reference import ReferenceConfig, create_app
+from ws_mode.toolkit.rollout import tool_output
 
-from ..agent import DEFAULT_INSTRUCTIONS, DEFAULT_TOOLS, user_message
-from ..http_client import HttpClient
-from ..reference import ReferenceConfig, create_app
-from ..rollout import tool_output
 from .http_clients import CheapUpstream
 
 RECORD_PATH: Final = "/record"
@@ -110,7 +110,7 @@ def _output(answer: bytes | bytearray) -> list[Any] | None:
 def main(argv: Sequence[str] | None = None) -> None:
     """The upstream child: the reference server (or the cheap one), plain HTTP, behind the
     recorder."""
-    parser = argparse.ArgumentParser(prog="python -m ws_mode.toolkit.benchmarks.recorded_upstream")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recorded_upstream")
     parser.add_argument("--turns", type=int, required=True)
     parser.add_argument("--cheap", action="store_true", help="the cheap upstream of http_clients")
     add_child_arguments(parser)

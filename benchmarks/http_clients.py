@@ -13,10 +13,10 @@ body without parsing it and streams a tool-call turn's 8 small events, one chunk
 client keeps its own keep-alive pool, as the proxy does. Clients and sizes are interleaved
 (client order rotated every repetition); every number is a median; ratios are to httpx's::
 
-    python -m ws_mode.toolkit.benchmarks.http_clients
-    python -m ws_mode.toolkit.benchmarks.http_clients --repeat 9 --requests 30
+    python -m benchmarks.http_clients
+    python -m benchmarks.http_clients --repeat 9 --requests 30
 
-The same upstream serves ``ws_mode/toolkit/benchmarks/proxy_hop.py`` (``--serve``, with
+The same upstream serves ``benchmarks/proxy_hop.py`` (``--serve``, with
 ``--tool-calls``: it answers a function call until the body holds that many tool outputs, then a
 message). Needs the ``cli`` extra and aiohttp (``pip install aiohttp``); uvloop when installed, as
 under uvicorn.
@@ -39,8 +39,7 @@ from starlette.types import Receive, Scope, Send
 
 from ws_mode._sse import encode_sse
 from ws_mode.testing._loopback import add_child_arguments, serve_inherited, server_process
-
-from ..measure import format_bytes, format_seconds, median
+from ws_mode.toolkit.measure import format_bytes, format_seconds, median
 
 PATH: Final = "/v1/responses"
 SIZES: Final = (2 * 1024, 100 * 1024, 1024 * 1024)
@@ -161,7 +160,7 @@ def cheap_upstream(tool_calls: int = 1_000_000) -> Any:
     """Run the cheap upstream in its own process (a context manager yielding its
     :class:`~ws_mode.testing._loopback.ServerProcess`)."""
     arguments = ["--serve", "--tool-calls", str(tool_calls)]
-    return server_process("ws_mode.toolkit.benchmarks.http_clients", arguments)
+    return server_process("benchmarks.http_clients", arguments)
 
 
 # ----------------------------------------------------------------------------- the clients

@@ -17,7 +17,7 @@ Measured per rollout: the client's wall time, the proxy process's CPU time (user
 read from outside with ``ws_mode.toolkit.bench.control.process_cpu``, including 0.3 s after the
 answer for work it does later), and whether each upstream request carried exactly the history an
 HTTP client keeps (the previous input, the previous output as the upstream returned it, the new tool
-outputs) and the client's fields (``ws_mode/toolkit/benchmarks/recorded_upstream.py``). Per proxy:
+outputs) and the client's fields (``benchmarks/recorded_upstream.py``). Per proxy:
 its RSS after the warm-up and its peak RSS. Once per front, untimed, a three-message conversation
 (each answer an assistant message) is checked the same way. Each proxy and the upstream run in their
 own processes; the client runs here. The runner is ``peer_run.py``, shared with the agentic-api
@@ -26,9 +26,9 @@ comparison.
 Run it in the ws_mode venv (from any directory), giving LiteLLM's executable or the python of
 the separate venv it is installed in::
 
-    python -m ws_mode.toolkit.benchmarks.peer_litellm ~/peer-venv/bin/litellm
+    python -m benchmarks.peer_litellm ~/peer-venv/bin/litellm
 
-It is not part of the package or the test suite (see ws_mode/toolkit/benchmarks/README.md).
+It is not part of the package or the test suite (see benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peer-litellm-")))
         upstream = stack.enter_context(
             server_process(
-                "ws_mode.toolkit.benchmarks.recorded_upstream",
+                "benchmarks.recorded_upstream",
                 ["--turns", str(args.turns)],
                 ready_path="/healthz",
             )

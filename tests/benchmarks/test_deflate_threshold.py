@@ -1,10 +1,10 @@
-"""`python -m ws_mode.toolkit.benchmarks.deflate_threshold`: a real chain's frames, every way."""
+"""`python -m benchmarks.deflate_threshold`: a real chain's frames, every way."""
 
 from __future__ import annotations
 
 import pytest
 
-from ws_mode.toolkit.benchmarks.deflate_threshold import main, measure, record_chain
+from benchmarks.deflate_threshold import main, measure, record_chain
 
 
 def test_a_higher_threshold_compresses_fewer_messages_and_sends_more_bytes() -> None:
