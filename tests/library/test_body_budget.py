@@ -166,33 +166,29 @@ def test_a_continuation_whose_body_does_not_fit_is_refused_and_the_socket_stays_
 def test_the_body_is_held_in_the_budget_until_the_handler_call_ends(ending: str) -> None:
     handler = Handler()
     middleware = make_app(handler, max_memory_bytes=64 * MiB, max_turn_seconds=2.0)
-    with serve(middleware) as base_url:
-        socket = connect(ws(base_url), max_size=None)
-        try:
-            parent = cached_conversation(socket)
-            level = held(middleware)
-            model = {"returns": "hold", "crashes": "crash", "times_out": "hang"}.get(ending, "hold")
-            send(socket, model, stream_id="b", previous_response_id=parent, input="more")
-            assert handler.holding.wait(30)
-            # While the handler holds its request, the budget holds it: the body twice
-            # (ws_mode's, the framework's copy) and at least as much again decoded.
-            assert held(middleware) - level >= 3 * handler.body_bytes
-            if ending == "client_leaves":
-                socket.close()
-                assert handler.ended.wait(30)
-                wait_for(lambda: held(middleware) == 0)
-                return
-            handler.let_go.set()
-            event = terminal(socket)
-            assert event["type"] == "error"
-            assert event["status"] == {"returns": 400, "crashes": 500, "times_out": 504}[ending]
-            # The response failed, so nothing new is cached: the account is back at its level.
-            wait_for(lambda: held(middleware) == level)
-            # And the socket goes on.
-            send(socket, "ok", stream_id="b", previous_response_id=parent, input="again")
-            assert terminal(socket)["type"] == "response.completed"
-        finally:
+    with serve(middleware) as base_url, connect(ws(base_url), max_size=None) as socket:
+        parent = cached_conversation(socket)
+        level = held(middleware)
+        model = {"returns": "hold", "crashes": "crash", "times_out": "hang"}.get(ending, "hold")
+        send(socket, model, stream_id="b", previous_response_id=parent, input="more")
+        assert handler.holding.wait(30)
+        # While the handler holds its request, the budget holds it: the body twice
+        # (ws_mode's, the framework's copy) and at least as much again decoded.
+        assert held(middleware) - level >= 3 * handler.body_bytes
+        if ending == "client_leaves":
             socket.close()
+            assert handler.ended.wait(30)
+            wait_for(lambda: held(middleware) == 0)
+            return
+        handler.let_go.set()
+        event = terminal(socket)
+        assert event["type"] == "error"
+        assert event["status"] == {"returns": 400, "crashes": 500, "times_out": 504}[ending]
+        # The response failed, so nothing new is cached: the account is back at its level.
+        wait_for(lambda: held(middleware) == level)
+        # And the socket goes on.
+        send(socket, "ok", stream_id="b", previous_response_id=parent, input="again")
+        assert terminal(socket)["type"] == "response.completed"
     wait_for(lambda: held(middleware) == 0)
 
 

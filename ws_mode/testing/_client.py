@@ -128,8 +128,16 @@ def _closed(exc: ConnectionClosed, connection: SyncConnection | AsyncConnection)
         protocol = connection.protocol
         # websockets' parser keeps what it refused: PayloadTooBig, with the frame's size.
         size = getattr(protocol.parser_exc, "size", None)
-        return MessageTooLarge(protocol.max_size, size if isinstance(size, int) else None)
+        limit = message_limit(protocol)
+        return MessageTooLarge(limit, size if isinstance(size, int) else None)
     return SocketClosed(str(exc))
+
+
+def message_limit(protocol: object) -> int | None:
+    """The largest message websockets' ``protocol`` reads (None: any): its
+    ``max_message_size`` in newer releases of websockets, ``max_size`` in older ones."""
+    limit = getattr(protocol, "max_message_size", getattr(protocol, "max_size", None))
+    return limit if isinstance(limit, int) else None
 
 
 def api_base(url: str) -> str:

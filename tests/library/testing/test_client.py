@@ -27,6 +27,7 @@ from ws_mode.testing._client import (
     connect_async,
     decode_event,
     ends_turn,
+    message_limit,
     socket_url,
 )
 from ws_mode.testing._loopback import ServerThread
@@ -223,11 +224,11 @@ def test_the_default_limit_is_64_mib(base_url: str) -> None:
     frame that large is not sent here, websockets' own refusal is what the tests above see."""
     assert 64 * MiB == DEFAULT_MAX_MESSAGE_BYTES
     with connect(base_url) as socket:
-        assert socket.connection.protocol.max_size == DEFAULT_MAX_MESSAGE_BYTES
+        assert message_limit(socket.connection.protocol) == DEFAULT_MAX_MESSAGE_BYTES
 
     async def opened() -> int | None:
         async with await connect_async(base_url) as socket:
-            return socket.connection.protocol.max_size
+            return message_limit(socket.connection.protocol)
 
     assert asyncio.run(opened()) == DEFAULT_MAX_MESSAGE_BYTES
 
