@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -75,11 +75,14 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os._exit(127)
 
 
-def free_cluster_port() -> int:
+def free_cluster_port(taken: Collection[int] = ()) -> int:
     """A port for a cluster node: free, like its bus port 10000 above (at most 55535), both
-    below Linux's ephemeral ports (32768 on), which outgoing connections take at any time."""
+    below Linux's ephemeral ports (32768 on), which outgoing connections take at any time;
+    none of `taken` (the ports of nodes not started yet: free too, until they start)."""
     for _ in range(1000):
         port = random.randint(20000, 22767)
+        if port in taken:
+            continue
         with socket.socket() as low, socket.socket() as high:
             try:
                 low.bind(("127.0.0.1", port))
@@ -298,9 +301,11 @@ class ClusterServers:
 
     def __init__(self, masters: int = 3, replicas: int = 1) -> None:
         self.folder = tempfile.TemporaryDirectory(prefix="ws-mode-cluster-")
+        ports: list[int] = []
+        for _ in range(masters * (1 + replicas)):
+            ports.append(free_cluster_port(ports))
         self.nodes = [
-            RedisServer(free_cluster_port(), options=self._options(index))
-            for index in range(masters * (1 + replicas))
+            RedisServer(port, options=self._options(index)) for index, port in enumerate(ports)
         ]
         self.masters = masters
         self.replicas = replicas
