@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
-import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-MiB = 1024 * 1024
+from tests.rss_server import RSS, MiB, child_server, stats, wait_for
+
 BUDGET = 48 * MiB
 SOCKETS = 4
 LANES = 8  # per socket
@@ -37,19 +34,15 @@ ITEMS = 4_000  # per frame: about 0.5 MB of JSON
 #: What an idle socket costs (docs/limits.md, `max_memory_bytes`).
 SOCKET_OVERHEAD = 64 * 1024
 
-SERVER = """
+SERVER = (
+    RSS
+    + """
 import asyncio, sys, time
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode.testing._loopback import ServerThread
-
-def rss():
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024
 
 state = {"holding": 0}
 release = asyncio.Event()  # set once: every handler held until then goes on
@@ -83,43 +76,13 @@ with ServerThread(middleware, lifetime=120) as base_url:
     print(base_url, flush=True)
     sys.stdin.read()  # until the test closes it
 """
+)
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SERVER), str(BUDGET)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        yield child.stdout.readline().strip()
-    finally:
-        assert child.stdin is not None
-        assert child.stdout is not None
-        child.stdin.close()
-        child.stdout.close()
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def _stats(base_url: str) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(base_url + "/stats", timeout=10).json()
-    return answer
-
-
-def _wait_for(base_url: str, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    for _ in range(1500):
-        stats = _stats(base_url)
-        if condition(stats):
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"never reached: {stats}")
+    with child_server(SERVER, str(BUDGET)) as base_url:
+        yield base_url
 
 
 def _terminal(socket: ClientConnection) -> dict[str, Any]:
@@ -148,7 +111,7 @@ def test_continuations_of_a_cached_conversation_stay_within_the_budget(server: s
     with connect(url) as first:  # the code paths warm (a handler call too): the baseline holds them
         first.send(json.dumps({"type": "response.create", "model": "quick", "input": "hi"}))
         assert _terminal(first)["type"] == "response.completed"
-    before = _stats(server)
+    before = stats(server)
     opened = contextlib.ExitStack()
     sockets = [opened.enter_context(connect(url, max_size=None)) for _ in range(SOCKETS)]
     try:
@@ -157,14 +120,14 @@ def test_continuations_of_a_cached_conversation_stay_within_the_budget(server: s
         parents = [_conversation(socket) for socket in sockets]
         # Every lane of every socket continues the conversation at once; the handler holds
         # each request until the test lets go.
-        refusals = _stats(server)["memory_refusals"]
+        refusals = stats(server)["memory_refusals"]
         for socket, parent in zip(sockets, parents, strict=True):
             for lane in range(LANES):
                 socket.send(json.dumps({"type": "response.create", "model": "m",
                                         "stream_id": f"lane{lane}", "previous_response_id": parent,
                                         "input": "next"}))  # fmt: skip
         # Each lane is held by the handler or refused (once): the peak is now.
-        during = _wait_for(
+        during = wait_for(
             server,
             lambda s: s["holding"] + s["memory_refusals"] - refusals == SOCKETS * LANES,
         )
@@ -190,5 +153,5 @@ def test_continuations_of_a_cached_conversation_stay_within_the_budget(server: s
             assert _terminal(socket)["type"] == "response.completed"
     finally:
         opened.close()
-    after = _wait_for(server, lambda stats: stats["connections_open"] == 0)
+    after = wait_for(server, lambda stats: stats["connections_open"] == 0)
     assert after["memory_bytes"] == 0

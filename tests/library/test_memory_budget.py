@@ -13,37 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
-import textwrap
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-MiB = 1024 * 1024
+from tests.rss_server import RSS, MiB, child_server, stats, wait_for
+
 BUDGET = 64 * MiB
 SOCKETS = 8
 FRAMES = 6  # per socket: 48 frames of about 11 MiB each once decoded and cached
 ITEMS = 30_000  # tiny items per frame: about 0.9 MB of JSON, parsed in place (under 1 MiB)
 
-SERVER = """
+SERVER = (
+    RSS
+    + """
 import os, sys, threading
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode.testing._loopback import ServerThread
-
-def rss():
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024
 
 async def stats(request):
     return JSONResponse({"rss": rss(), **middleware.stats.snapshot()})
@@ -57,34 +49,13 @@ with ServerThread(middleware, lifetime=120) as base_url:
     print(base_url, flush=True)
     sys.stdin.read()  # until the test closes it
 """
+)
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SERVER), str(BUDGET)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        yield child.stdout.readline().strip()
-    finally:
-        assert child.stdin is not None
-        assert child.stdout is not None
-        child.stdin.close()
-        child.stdout.close()
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def _stats(base_url: str) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(base_url + "/stats", timeout=10).json()
-    return answer
+    with child_server(SERVER, str(BUDGET)) as base_url:
+        yield base_url
 
 
 def _answer(socket: ClientConnection) -> dict[str, Any]:
@@ -103,7 +74,7 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
         first.send(json.dumps({"type": "response.create", "model": "m", "generate": False,
                                "input": "hi"}))  # fmt: skip
         assert _answer(first)["type"] == "response.completed"
-    before = _stats(server)["rss"]
+    before = stats(server)["rss"]
     opened = contextlib.ExitStack()  # websockets' connect() is a context manager
     sockets = [opened.enter_context(connect(url, max_size=None)) for _ in range(SOCKETS)]
     try:
@@ -114,7 +85,7 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
             for socket in sockets:
                 socket.send(frame)
             answers.extend(_answer(socket) for socket in sockets)
-        during = _stats(server)
+        during = stats(server)
         refused = [a for a in answers if a["type"] == "error"]
         kept = [a["response"]["id"] for a in answers if a["type"] == "response.completed"]
         assert refused, "nothing was refused"
@@ -138,7 +109,7 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
         ours = next(a for a in answers[::SOCKETS] if a["type"] == "response.completed")
         for socket in sockets[1:]:
             socket.close()
-        _wait_for(server, lambda stats: stats["connections_open"] == 1)
+        wait_for(server, lambda stats: stats["connections_open"] == 1)
         sockets[0].send(json.dumps({"type": "response.create", "model": "m", "generate": False,
                                     "previous_response_id": ours["response"]["id"],
                                     "input": "more"}))  # fmt: skip
@@ -147,15 +118,6 @@ def test_the_budget_bounds_what_compressed_sockets_pin(server: str) -> None:
     finally:
         opened.close()
     # Every reservation was given back: caches, sockets, frames.
-    after = _wait_for(server, lambda stats: stats["connections_open"] == 0)
+    after = wait_for(server, lambda stats: stats["connections_open"] == 0)
     assert after["memory_bytes"] == 0
     assert after["memory_held_bytes"] == 0
-
-
-def _wait_for(base_url: str, condition: Any) -> dict[str, Any]:
-    for _ in range(500):
-        stats = _stats(base_url)
-        if condition(stats):
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"never reached: {stats}")

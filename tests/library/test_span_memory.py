@@ -15,20 +15,15 @@ overhead per socket.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.rss_server import RSS, MiB, child_server, wait_for
 from ws_mode._budget import CONNECTION_COST
 
-MiB = 1024 * 1024
 BUDGET = 32 * MiB  # a 1 MiB frame reserves 16 MiB while it is parsed (`_budget.PARSE_FACTOR`)
 TURNS = 200
 SOCKETS = 1
@@ -36,7 +31,9 @@ SOCKETS = 1
 #: helper process whose memory would not show in the worker's RSS.
 MODEL_CHARS = MiB - 4096
 
-SERVER = """
+SERVER = (
+    RSS
+    + """
 import os, sys, threading
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -53,12 +50,6 @@ class Unreachable(SpanExporter):
 
     def shutdown(self):
         pass
-
-def rss():
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024
 
 async def stats(request):
     return JSONResponse({"rss": rss(), **middleware.stats.snapshot()})
@@ -79,34 +70,13 @@ with ServerThread(middleware, lifetime=120) as base_url:
     sys.stdin.read()  # until the test closes it
 os._exit(0)  # the exporter's thread never ends
 """
+)
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SERVER), str(BUDGET)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        yield child.stdout.readline().strip()
-    finally:
-        assert child.stdin is not None
-        assert child.stdout is not None
-        child.stdin.close()
-        child.stdout.close()
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def _stats(base_url: str) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(base_url + "/stats", timeout=10).json()
-    return answer
+    with child_server(SERVER, str(BUDGET)) as base_url:
+        yield base_url
 
 
 def _turns(url: str, count: int, model: str) -> None:
@@ -126,12 +96,7 @@ def _turns(url: str, count: int, model: str) -> None:
 
 def _closed(base_url: str) -> dict[str, Any]:
     """The server's stats once no socket is open (its span has ended)."""
-    for _ in range(500):
-        stats = _stats(base_url)
-        if stats["connections_open"] == 0:
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"a socket stayed open: {stats}")
+    return wait_for(base_url, lambda reported: reported["connections_open"] == 0)
 
 
 def test_spans_queued_for_a_collector_that_is_down_keep_no_client_megabytes(server: str) -> None:
