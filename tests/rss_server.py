@@ -1,7 +1,8 @@
 """A server in a child process whose RSS the tests read: the memory tests' one harness.
 
-The child runs a script (an app under `ws_mode.testing._loopback.ServerThread`) that prints its
-base URL and serves until its standard input closes; its app answers `GET /stats` with its RSS
+The child runs a script that ends with `SERVE` (its app under
+`ws_mode.testing._loopback.ServerThread`): it prints its base URL and serves until its standard
+input closes; its app answers `GET /stats` with its RSS
 (`rss`) beside whatever else it reports. Only the server's own memory counts: the clients, and
 what they build, live in the test's process.
 """
@@ -27,6 +28,15 @@ def rss():
         for line in status:
             if line.startswith("VmRSS"):
                 return int(line.split()[1]) * 1024
+"""
+
+
+#: The child's last lines: its `middleware` served on loopback, its base URL printed, until its
+#: standard input closes (`ServerThread` and `sys` imported by the script).
+SERVE = """
+with ServerThread(middleware, lifetime=120) as base_url:
+    print(base_url, flush=True)
+    sys.stdin.read()  # until the test closes it
 """
 
 

@@ -11,7 +11,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from websockets.sync.client import ClientConnection, connect
 
+from tests.redis_server import wait_until
 from tests.servers import serve
 from ws_mode import Limits, WebSocketModeMiddleware
 
@@ -122,14 +123,6 @@ def held(middleware: WebSocketModeMiddleware) -> int:
     return middleware.settings.budget.held
 
 
-def wait_for(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        time.sleep(0.01)
-    raise AssertionError("never reached")
-
-
 def test_a_continuation_whose_body_does_not_fit_is_refused_and_the_socket_stays_usable() -> None:
     handler = Handler()
     # The conversation's cache (about 7 MiB) fits; its full-context body, held by the handler
@@ -159,7 +152,7 @@ def test_a_continuation_whose_body_does_not_fit_is_refused_and_the_socket_stays_
         send(socket, "ok", stream_id="c", input="small")
         assert terminal(socket)["type"] == "response.completed"
         assert handler.calls == 1
-    wait_for(lambda: held(middleware) == 0)
+    wait_until(lambda: held(middleware) == 0, "the budget given back")
 
 
 @pytest.mark.parametrize("ending", ["returns", "crashes", "times_out", "client_leaves"])
@@ -178,18 +171,18 @@ def test_the_body_is_held_in_the_budget_until_the_handler_call_ends(ending: str)
         if ending == "client_leaves":
             socket.close()
             assert handler.ended.wait(30)
-            wait_for(lambda: held(middleware) == 0)
+            wait_until(lambda: held(middleware) == 0, "the budget given back")
             return
         handler.let_go.set()
         event = terminal(socket)
         assert event["type"] == "error"
         assert event["status"] == {"returns": 400, "crashes": 500, "times_out": 504}[ending]
         # The response failed, so nothing new is cached: the account is back at its level.
-        wait_for(lambda: held(middleware) == level)
+        wait_until(lambda: held(middleware) == level, "the budget given back")
         # And the socket goes on.
         send(socket, "ok", stream_id="b", previous_response_id=parent, input="again")
         assert terminal(socket)["type"] == "response.completed"
-    wait_for(lambda: held(middleware) == 0)
+    wait_until(lambda: held(middleware) == 0, "the budget given back")
 
 
 def test_a_handler_running_on_after_its_terminal_event_holds_its_body_until_it_ends() -> None:
@@ -203,5 +196,8 @@ def test_a_handler_running_on_after_its_terminal_event_holds_its_body_until_it_e
         with_response = held(middleware)  # the new response is cached; the body still held
         handler.let_go.set()
         assert handler.ended.wait(30)
-        wait_for(lambda: with_response - held(middleware) >= 3 * handler.body_bytes)
-    wait_for(lambda: held(middleware) == 0)
+        wait_until(
+            lambda: with_response - held(middleware) >= 3 * handler.body_bytes,
+            "the budget given back",
+        )
+    wait_until(lambda: held(middleware) == 0, "the budget given back")

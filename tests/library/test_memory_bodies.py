@@ -22,7 +22,7 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.rss_server import RSS, MiB, child_server, stats, wait_for
+from tests.rss_server import RSS, SERVE, MiB, child_server, stats, wait_for
 
 BUDGET = 48 * MiB
 SOCKETS = 4
@@ -72,10 +72,8 @@ async def handler(request):
 app = Starlette(routes=[Route("/stats", stats), Route("/release", let_go, methods=["POST"]),
                         Route("/v1/responses", handler, methods=["POST"])])
 middleware = WebSocketModeMiddleware(app, limits=Limits(max_memory_bytes=int(sys.argv[1])))
-with ServerThread(middleware, lifetime=120) as base_url:
-    print(base_url, flush=True)
-    sys.stdin.read()  # until the test closes it
 """
+    + SERVE
 )
 
 

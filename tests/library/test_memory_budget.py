@@ -20,7 +20,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.rss_server import RSS, MiB, child_server, stats, wait_for
+from tests.rss_server import RSS, SERVE, MiB, child_server, stats, wait_for
 
 BUDGET = 64 * MiB
 SOCKETS = 8
@@ -45,10 +45,8 @@ async def handler(request):
 
 app = Starlette(routes=[Route("/stats", stats), Route("/v1/responses", handler, methods=["POST"])])
 middleware = WebSocketModeMiddleware(app, limits=Limits(max_memory_bytes=int(sys.argv[1])))
-with ServerThread(middleware, lifetime=120) as base_url:
-    print(base_url, flush=True)
-    sys.stdin.read()  # until the test closes it
 """
+    + SERVE
 )
 
 

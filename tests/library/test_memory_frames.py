@@ -27,7 +27,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from tests.rss_server import RSS, MiB, child_server, stats, wait_for
+from tests.rss_server import RSS, SERVE, MiB, child_server, stats, wait_for
 from ws_mode._budget import CONNECTION_COST
 
 BUDGET = 64 * MiB
@@ -78,10 +78,8 @@ async def handler(request):
 import json
 app = Starlette(routes=[Route("/stats", stats), Route("/v1/responses", handler, methods=["POST"])])
 middleware = WebSocketModeMiddleware(app, limits=Limits(max_memory_bytes=int(sys.argv[1])))
-with ServerThread(middleware, lifetime=120) as base_url:
-    print(base_url, flush=True)
-    sys.stdin.read()  # until the test closes it
 """
+    + SERVE
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from tests.rss_server import RSS, MiB, child_server, wait_for
+from tests.rss_server import RSS, SERVE, MiB, child_server, wait_for
 from ws_mode._budget import CONNECTION_COST
 
 BUDGET = 32 * MiB  # a 1 MiB frame reserves 16 MiB while it is parsed (`_budget.PARSE_FACTOR`)
@@ -65,9 +65,9 @@ app = Starlette(routes=[Route("/stats", stats), Route("/v1/responses", handler, 
 middleware = WebSocketModeMiddleware(
     app, limits=Limits(max_memory_bytes=int(sys.argv[1])), tracer_provider=provider
 )
-with ServerThread(middleware, lifetime=120) as base_url:
-    print(base_url, flush=True)
-    sys.stdin.read()  # until the test closes it
+"""
+    + SERVE
+    + """
 os._exit(0)  # the exporter's thread never ends
 """
 )

@@ -11,7 +11,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from websockets.sync.client import ClientConnection, connect
 
+from tests.redis_server import wait_until
 from ws_mode import Limits, WebSocketModeMiddleware, turn
 from ws_mode._store import MemoryStore, StoredResponse
 from ws_mode.testing._loopback import ServerThread
@@ -106,14 +106,6 @@ def held(middleware: WebSocketModeMiddleware) -> int:
     return middleware.settings.budget.held
 
 
-def wait_for(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        time.sleep(0.01)
-    raise AssertionError("never reached")
-
-
 def post(base_url: str, **body: Any) -> httpx.Response:
     return httpx.post(base_url + "/v1/responses", json={"input": "next", **body}, timeout=30)
 
@@ -159,7 +151,7 @@ def test_a_stateful_body_is_held_until_the_handler_returns(store: MemoryStore, e
             handler.let_go.set()
             request.join(30)
         assert answers[0].status_code == (200 if ending == "returns" else 500)
-        wait_for(lambda: held(middleware) == 0)
+        wait_until(lambda: held(middleware) == 0, "the budget given back")
 
 
 # --- hydration on a socket -------------------------------------------------------------------
@@ -197,7 +189,7 @@ def test_a_hydrated_conversation_the_budget_cannot_hold_is_refused(store: Memory
         assert held(middleware) == level
         send(socket, "ok", previous_response_id="resp_small", stream_id="a")
         assert terminal(socket)["type"] == "response.completed"
-    wait_for(lambda: held(middleware) == 0)
+    wait_until(lambda: held(middleware) == 0, "the budget given back")
 
 
 def test_a_hydrated_conversation_no_cache_keeps_is_held_by_its_turn(store: MemoryStore) -> None:
@@ -215,8 +207,10 @@ def test_a_hydrated_conversation_no_cache_keeps_is_held_by_its_turn(store: Memor
         assert held(middleware) - level >= previous.chain_size + 3 * handler.body_bytes
         handler.let_go.set()
         assert terminal(socket)["type"] == "response.completed"
-        wait_for(lambda: held(middleware) == level)  # the response is not cached either
-    wait_for(lambda: held(middleware) == 0)
+        wait_until(
+            lambda: held(middleware) == level, "the budget given back"
+        )  # the response is not cached either
+    wait_until(lambda: held(middleware) == 0, "the budget given back")
 
 
 def test_lanes_missing_one_id_at_once_share_one_hydrated_copy() -> None:
@@ -230,4 +224,4 @@ def test_lanes_missing_one_id_at_once_share_one_hydrated_copy() -> None:
         assert [terminal(socket)["type"] for _ in range(3)] == ["response.completed"] * 3
         first = handler.previous[0]
         assert all(previous is first for previous in handler.previous)
-    wait_for(lambda: held(middleware) == 0)
+    wait_until(lambda: held(middleware) == 0, "the budget given back")
