@@ -74,9 +74,10 @@ TOOLS: list[FunctionToolParam] = [
 ]
 #: What `lookup` finds, by step (a real agent would read files or call services).
 FACTS = ["the branch is cut", "CI is green", "the changelog is written", "the tag is signed"]
-#: HTTP statuses of a refused handshake worth another try: a draining ws_mode (426), a proxy
-#: with no upstream yet (502, 503, 504).
-RETRY_STATUSES = frozenset({426, 502, 503, 504})
+#: HTTP statuses of a refused handshake worth another try: a draining ws_mode (503), a proxy
+#: with no upstream yet (502, 503, 504). A 426 is not one: WebSocket mode is off there, and a
+#: client falls back to HTTP.
+RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 def run_tool(name: str, arguments: str) -> str:

@@ -244,8 +244,8 @@ def _socket_losses() -> Iterator[None]:
         if not is_recoverable_close(code):
             raise
         raise SocketLost(f"close {code}") from closed
-    except InvalidStatus as refused:  # a draining server (426), a proxy with no upstream yet
-        if refused.response.status_code not in (426, 502, 503, 504):
+    except InvalidStatus as refused:  # a draining server (503), a proxy with no upstream yet
+        if refused.response.status_code not in (502, 503, 504):
             raise
         raise SocketLost(f"connect: HTTP {refused.response.status_code}") from refused
     except OSError as exc:  # connection refused: every server restarting

@@ -7,7 +7,7 @@ the servers behind them.
 every client has had an answer (each holds a socket on a server about to be restarted), then
 lets each client finish the conversation it is in and stops it. The `Rolled` outcome counts
 the conversations finished and lost, the turns sent again by cause, and the upgrades answered
-426 (a refused upgrade the client retried is a resend whose cause is `connect: HTTP 426`).
+426 (the example clients do not retry a 426, so such an upgrade ends its conversation).
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ class Rolled:
 
     @property
     def refused_426(self) -> int:
-        """Upgrades answered 426: retried ones, and any that ended a conversation."""
-        lost = sum("426" in str(failure) for failure in self.lost)
-        return self.causes["connect: HTTP 426"] + lost
+        """Upgrades answered 426: each ended its conversation (the clients fall back, never
+        retry)."""
+        return sum("426" in str(failure) for failure in self.lost)
 
     @property
     def received(self) -> list[str]:

@@ -32,7 +32,13 @@ from ._client_events import (
 from ._frames import held_cost, parse_frame
 from ._lanes import Lanes
 from ._persistence import StoreLink, store_scope
-from ._protocol import encode_event, error_event, error_type_for_status, memory_budget_exceeded
+from ._protocol import (
+    SERVER_SHUTTING_DOWN,
+    encode_event,
+    error_event,
+    error_type_for_status,
+    memory_budget_exceeded,
+)
 from ._settings import Settings
 from ._socket import ClientGone
 from ._turn_runner import TurnRunner
@@ -459,7 +465,7 @@ class Connection:
         if self._state is SocketState.DRAINING:
             raise ProtocolError(
                 "The server is shutting down; reconnect to continue.",
-                code="server_shutting_down",
+                code=SERVER_SHUTTING_DOWN,
                 status=503,
                 type="server_error",
                 stream_id=create.stream_id,

@@ -33,6 +33,7 @@ from ._origins import OriginPolicy
 from ._persistence import flush_writes, store_scope
 from ._protocol import (
     MEMORY_BUDGET_EXCEEDED,
+    SERVER_SHUTTING_DOWN,
     error_body,
     error_type_for_status,
     json_answer,
@@ -278,7 +279,8 @@ class WebSocketModeMiddleware:
             _bound_store(store, limits)
 
     async def drain(self, grace: float | None = None) -> None:
-        """Shut WebSocket mode down gracefully: refuse new sockets (426) and new requests,
+        """Shut WebSocket mode down gracefully: refuse new sockets (HTTP 503 with
+        `Retry-After`, which clients retry) and new requests,
         give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
         then close every socket with 1001 so clients reconnect; last, wait for the store
         writes under way in this process to land (each ends within
@@ -314,7 +316,20 @@ class WebSocketModeMiddleware:
         if message["type"] != "websocket.connect":
             return  # the client left before the handshake finished
         self._say_where_turns_enter(scope)
-        if not self.enabled or self._draining:
+        if self._draining:
+            # Only an upgrade that got in just before the server stopped listening, or one to
+            # a server that drains while it listens: 503, which clients retry (elsewhere,
+            # through a balancer), where a 426 would send Codex to HTTP for good.
+            await self._refuse(
+                scope,
+                send,
+                503,
+                SERVER_SHUTTING_DOWN,
+                "This server is shutting down; connect again.",
+                headers=[(b"retry-after", b"1")],
+            )
+            return
+        if not self.enabled:
             await self._refuse(
                 scope,
                 send,

@@ -162,6 +162,11 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
 #: cannot hold it: on an error event, a `response.steer.failed` and a refused upgrade.
 MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
 
+#: The code of work refused because the server is draining (shutting down): on an error event
+#: for a request sent meanwhile, and on an upgrade that reached it (HTTP 503, which clients
+#: retry, where a 426 would send Codex to HTTP for good).
+SERVER_SHUTTING_DOWN = "server_shutting_down"
+
 
 def memory_budget_message(what: str, *, upgrade: bool = False, then: str | None = None) -> str:
     """Why `what` was refused: the process's memory budget is exhausted; what the client may

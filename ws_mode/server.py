@@ -6,7 +6,8 @@ period from there. `Server` drains the middlewares first: running turns finish (
 `Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
 the store writes still under way land (each within its own timeout) before the process
 exits. Its listening sockets close before the drain begins, so new connections are refused
-(and a load balancer sends them to another server) rather than answered 426. It also drops
+at TCP level and a load balancer sends them to another server at once (an upgrade that got in
+just before is answered 503, which clients retry). It also drops
 uvicorn's spurious error line after the upgrades ws_mode refused
 (`RefusalLineFilter`, also exported here with `show_on_stderr` for programs that configure
 uvicorn's logging themselves).
@@ -84,9 +85,9 @@ class Server(uvicorn.Server):
 
     def stop_accepting(self) -> None:
         """Close this process's listening sockets (uvicorn's shutdown closes them again,
-        harmlessly). A draining middleware would answer a new upgrade 426, which tells Codex
-        to use HTTP for good; with nothing listening, a connection is refused, and a load
-        balancer or a client's retry reaches another server instead. Workers sharing one
+        harmlessly). A draining middleware answers a new upgrade 503, which a client retries
+        after a backoff; with nothing listening, a connection is refused, and a load balancer
+        passes it to another server at once. Workers sharing one
         listening socket each close their own copy only: the others keep accepting."""
         for listening in getattr(self, "servers", ()):  # set by startup()
             listening.close()

@@ -212,7 +212,7 @@ def test_shutdown_lets_running_turns_finish_then_closes_with_1001(handlers: Hand
         thread.join(15)
 
 
-def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> None:
+def test_while_draining_new_sockets_are_refused_with_503(handlers: Handlers) -> None:
     # Each step waits for the one before it (no sleeps): on a loaded machine a fixed pause let
     # the test connect before the drain began, and end while the drain request was still on
     # its way (ECONNREFUSED in the drain thread, the server gone).
@@ -245,7 +245,12 @@ def test_while_draining_new_sockets_are_refused_with_426(handlers: Handlers) -> 
         assert draining.wait(10)
         with pytest.raises(InvalidStatus) as refused:
             connect(ws(base_url))
-        assert refused.value.response.status_code == 426
+        # 503, which clients retry (elsewhere, through a balancer); a 426 would send Codex to
+        # HTTP for good.
+        answer = refused.value.response
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert json.loads(answer.body)["error"]["code"] == "server_shutting_down"
         # A request sent while draining is refused; the running one finishes.
         send(socket_, "ok", stream_id="late")
         refusal = terminal(socket_)

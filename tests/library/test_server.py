@@ -1,6 +1,7 @@
 """`ws_mode.server.Server`, uvicorn that drains WebSocket mode before it shuts down: it finds
 the middlewares in its app (or is given them); on shutdown it stops listening first (a new
-connection is refused at TCP level, never answered 426), running turns finish and sockets close
+connection is refused at TCP level, and one that got in just before is answered 503, never
+426), running turns finish and sockets close
 with 1001, where a plain `uvicorn.Server` closes them at once with 1012; and it drops uvicorn's
 spurious line after a refused upgrade (`RefusalLineFilter`, whose effect
 tests/library/test_logs.py shows)."""
@@ -146,17 +147,21 @@ async def until_closed(socket: ClientConnection) -> tuple[list[str], int | None]
     return kinds, socket.close_code
 
 
-async def refused_while_draining(url: str) -> BaseException:
-    """Connect until a connection is refused (the shutdown has begun); what refused it:
-    `ConnectionRefusedError` when nothing listens, `InvalidStatus` when an upgrade was
-    answered (426)."""
+async def refused_while_draining(url: str) -> tuple[list[int], BaseException]:
+    """Connect until a connection is refused at TCP level (the shutdown has begun, nothing
+    listens); the statuses of the upgrades answered on the way, and what ended it. An upgrade
+    accepted just before the listening socket closed reaches the draining middleware, which
+    answers it; the loop goes on past those."""
+    answered: list[int] = []
     async with asyncio.timeout(HANG):
         while True:
             try:
                 async with connect(url, open_timeout=HANG):
                     pass  # not shutting down yet
-            except (ConnectionRefusedError, InvalidStatus) as refused:
-                return refused
+            except ConnectionRefusedError as refused:
+                return answered, refused
+            except InvalidStatus as refused:
+                answered.append(refused.response.status_code)
             except (OSError, InvalidHandshake):
                 pass  # queued just before the listening socket closed, and dropped with it
             await asyncio.sleep(0.01)
@@ -178,8 +183,10 @@ async def test_on_shutdown_it_stops_listening_then_running_turns_finish_and_clos
             server.should_exit = True
             # Nothing listens any more: a balancer sends the connection to another server,
             # where a 426 would send Codex to HTTP for good.
-            refused = await refused_while_draining(url)
+            answered, refused = await refused_while_draining(url)
             assert isinstance(refused, ConnectionRefusedError), repr(refused)
+            # One that got in just before: 503, which clients retry, never 426.
+            assert set(answered) <= {503}, answered
             assert not held.release.is_set()  # the turn still runs: the drain is under way
             held.release.set()  # the running turn ends only now, during the drain
             kinds, code = await until_closed(socket)

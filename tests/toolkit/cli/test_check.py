@@ -25,7 +25,9 @@ from typing import Any
 import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
+from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
+from websockets.http11 import Response
 
 from tests.redis_server import RedisServer
 from tests.servers import ServeProcess, ws_mode_serve
@@ -37,6 +39,8 @@ from ws_mode.redis_store import RedisStore
 from ws_mode.testing._client import AsyncSocket, SocketClosed, connect_async
 from ws_mode.testing._loopback import ServerThread, ws_max_size
 from ws_mode.toolkit.check import CheckOptions, Target, find_ceiling
+from ws_mode.toolkit.check.basic import describe_refusal
+from ws_mode.toolkit.check.results import HINTS
 from ws_mode.toolkit.cli import main
 from ws_mode.toolkit.cli.check import parse_size, target_of
 from ws_mode.toolkit.cli.common import CommandError
@@ -337,6 +341,36 @@ def test_websocket_mode_switched_off_is_reported(
     written = json.loads(results.read_text())
     assert written["ok"] is False
     assert written["checks"][0]["data"] == {"status": 426, "code": "websocket_mode_disabled"}
+
+
+def test_a_draining_server_is_reported_as_shutting_down(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A draining middleware answers 503 `server_shutting_down`, named as such (not as a
+    failing upstream); the hint says clients retry."""
+    app = build_app()
+    results = tmp_path / "check.json"
+    with served(app) as base_url:
+        asyncio.run(app.drain(0))  # no socket is open: it only starts refusing
+        status, out, rows, _ = run(capsys, base_url, "--json", str(results))
+    assert status == 1
+    assert rows["handshake"] == "FAILED"
+    assert "HTTP 503: the server is shutting down" in row(out, "handshake")
+    assert "clients retry" in flat(out)  # the hint
+    written = json.loads(results.read_text())
+    assert written["checks"][0]["data"] == {"status": 503, "code": "server_shutting_down"}
+
+
+def test_a_server_out_of_memory_budget_is_named() -> None:
+    """The other 503 an upgrade gets from ws_mode (the answer tests/library/test_memory_budget.py
+    provokes): named with its own hint."""
+    body = b'{"error":{"type":"server_error","code":"memory_budget_exceeded","message":"full"}}'
+    refusal = InvalidStatus(Response(503, "Service Unavailable", Headers(), body))
+    detail, kind, data = describe_refusal(refusal)
+    assert kind == "memory"
+    assert detail.startswith("HTTP 503: the server's memory budget is used")
+    assert "Limits.max_memory_bytes" in HINTS[kind]
+    assert data == {"status": 503, "code": "memory_budget_exceeded"}
 
 
 def test_a_proxy_that_strips_upgrade_is_named(

@@ -1,8 +1,8 @@
 """The handshake and protocol checks of ``ws-mode check``: whether the upgrade is accepted
-(:func:`check_handshake`, a refusal named by :func:`describe_refusal`: 426, 401/403, 404, a proxy
-that strips ``Upgrade``), then, each on its own socket, a warm-up, a chained conversation,
-``previous_response_not_found``, two lanes at once and the error envelope of a bad event. Needs
-websockets.
+(:func:`check_handshake`, a refusal named by :func:`describe_refusal`: 426, 401/403, 404, 503
+while it drains, a proxy that strips ``Upgrade``), then, each on its own socket, a warm-up, a
+chained conversation, ``previous_response_not_found``, two lanes at once and the error envelope
+of a bad event. Needs websockets.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from ws_mode._protocol import TERMINAL_EVENTS
+from ws_mode._protocol import MEMORY_BUDGET_EXCEEDED, SERVER_SHUTTING_DOWN, TERMINAL_EVENTS
 from ws_mode.testing._client import SyncSocket, check_received
 from ws_mode.testing._expected import new_input
 from ws_mode.testing._items import as_items
@@ -75,6 +75,10 @@ def describe_refusal(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
         if 300 <= status < 400:
             where = exc.response.headers.get("Location", "elsewhere")
             return f"HTTP {status}: redirected to {where}; check that URL", "redirect", data
+        if status == 503 and code == SERVER_SHUTTING_DOWN:
+            return f"HTTP 503: the server is shutting down ({said})", "draining", data
+        if status == 503 and code == MEMORY_BUDGET_EXCEEDED:
+            return f"HTTP 503: the server's memory budget is used ({said})", "memory", data
         if status >= 500:
             return (
                 f"HTTP {status}: the server or the proxy's upstream failed ({said})",

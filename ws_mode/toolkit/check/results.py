@@ -48,8 +48,13 @@ _NGINX_UPGRADE: Final = (
 #: What to change when a check fails, by the kind of failure.
 HINTS: Final[dict[str, str]] = {
     "disabled": "WebSocket mode is switched off on this server (HTTP 426): the "
-    "WebSocketModeMiddleware answers 426 while enabled=False or while it drains; clients "
-    "fall back to HTTP. Switch it on (middleware.enabled = True).",
+    "WebSocketModeMiddleware answers 426 while enabled=False; clients fall back to HTTP. "
+    "Switch it on (middleware.enabled = True).",
+    "draining": "the server is shutting down (503 server_shutting_down): it answers so "
+    "between its stop and its exit, and clients retry. Check again once it (or the server "
+    "replacing it) serves.",
+    "memory": "the server's memory budget is used (503 memory_budget_exceeded): it opens no "
+    "socket until work it holds ends. Raise Limits.max_memory_bytes, or add workers.",
     "not_enabled": "HTTP 426 Upgrade Required: nothing speaks WebSocket mode here; put "
     "ws_mode's WebSocketModeMiddleware in front of the Responses handler.",
     "connection_limit": "the server is full (426 websocket_connection_limit_reached): raise "

@@ -8,8 +8,8 @@ close every WebSocket with 1012 the moment they stop and cancel the turns runnin
 
 :class:`DrainingSupervisor` runs :class:`DrainingWorker`\\ s instead. A worker told to stop
 first stops accepting, as every :class:`ws_mode.server.Server` does: the other workers share
-the listening socket, so new connections go to them (a draining middleware would refuse them
-with 426, which tells Codex to fall back to HTTP). Then it drains as the ``Server`` does:
+the listening socket, so new connections go to them at once (a draining middleware would
+refuse them with 503, which costs the client a retry). Then it drains as the ``Server`` does:
 running turns finish (up to ``Limits.shutdown_grace_seconds``), sockets close with 1001, which
 the openai SDK counts as recoverable, and the store writes under way land. Only then does
 uvicorn's own shutdown run.
