@@ -71,6 +71,22 @@ class TooFewReplicas(RedisError):
     again until its deadline."""
 
 
+class TransportClosed(ConnectionError):
+    """A command written on a connection its peer had closed meanwhile (a Redis that died or
+    failed over between the pool's check of the connection and the write). Under uvloop the
+    write raises `RuntimeError` ("... the handler is closed"), which redis-py passes on as it
+    is, where the standard event loop's `OSError` becomes a `ConnectionError` that redis-py
+    retries: redis-py has dropped the connection, and the next try opens a new one."""
+
+
+def closed_under_write(error: RuntimeError) -> TransportClosed | None:
+    """`error` as a `TransportClosed` when it is uvloop's write on a closed transport, else
+    None (another `RuntimeError`, which is not the store's to take)."""
+    if "handler is closed" not in str(error):
+        return None
+    return TransportClosed(f"the connection closed under a write ({error})")
+
+
 #: One Redis, a Redis Cluster, or a master that Sentinels follow across failovers.
 Kind = Literal["redis", "cluster", "sentinel"]
 
@@ -317,8 +333,10 @@ def retryable(error: BaseException, kind: Kind) -> bool:
     cluster or a Sentinel's master, while a failover may be under way; on one Redis, only a
     full pool (a client shared with other code), since a Redis that is down stays down. A
     write too few replicas confirmed is sent again whatever the kind."""
-    if isinstance(error, MaxConnectionsError | TooFewReplicas):
-        return True  # a replica that lags, or one being attached to a new master, catches up
+    if isinstance(error, MaxConnectionsError | TooFewReplicas | TransportClosed):
+        # A replica that lags, or one being attached to a new master, catches up; a new
+        # connection replaces one closed under a write (and fails for real if Redis is down).
+        return True
     if kind == "redis" or isinstance(error, _LASTING):
         return False
     return isinstance(error, _PASSING)

@@ -652,7 +652,7 @@ class RedisStore:
         """`call()` within `seconds` (the lookup `timeout` unless given), sent again after
         growing pauses while it fails for a reason that passes (`retryable`); its errors named
         (`RedisStoreError`, `TimeoutError`)."""
-        from ._redis_clients import brief, explain, retryable
+        from ._redis_clients import brief, closed_under_write, explain, retryable
 
         limit = seconds or self.timeout
         pause = RETRY_PAUSE_SECONDS
@@ -661,8 +661,14 @@ class RedisStore:
             async with asyncio.timeout(limit):
                 while True:
                     try:
-                        async with self._connection():
-                            return await call()
+                        try:
+                            async with self._connection():
+                                return await call()
+                        except RuntimeError as raised:
+                            closed = closed_under_write(raised)
+                            if closed is None:
+                                raise
+                            raise closed from raised
                     except self._errors as error:
                         if not retryable(error, self.kind):
                             raise

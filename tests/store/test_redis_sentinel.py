@@ -214,7 +214,8 @@ def test_sockets_go_on_through_a_failover_and_every_acknowledged_write_resolves(
     """Sockets run conversations (store: true) while the master is SIGKILLed: every turn on
     every socket completes, on the socket it started on; every write ends acknowledged or
     failed (counted); and every acknowledged response is found after the failover, over
-    stateful HTTP on the new master, with no conversation found lost (its rewrite logged)."""
+    stateful HTTP on the new master, and a conversation is found lost (its rewrite logged)
+    only where a write of its own failed."""
     caplog.set_level(logging.WARNING, logger="ws_mode")
     with SentinelServers(replicas=2) as servers:
         store = Acknowledging(servers.url, timeout=5.0, write_timeout=10.0, wait_replicas=1)
@@ -283,7 +284,10 @@ def test_sockets_go_on_through_a_failover_and_every_acknowledged_write_resolves(
     assert store.acknowledged <= set(completed)
     failed = [r for r in caplog.records if "failed to keep" in r.getMessage()]
     assert len(failed) == counts["store_failures"]  # each failure logged once
-    assert not [r for r in caplog.records if "no longer holds" in r.getMessage()]
+    # Nothing acknowledged was lost: a conversation is written again whole only after a
+    # write of its own failed (its next response finds the parent missing).
+    rewrites = [r for r in caplog.records if "no longer holds" in r.getMessage()]
+    assert len(rewrites) <= counts["store_failures"], [r.getMessage() for r in rewrites]
 
 
 def _names_another(servers: SentinelServers, old: RedisServer) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 
 from tests.redis_server import RedisServer, ping
 from ws_mode._store import (
@@ -395,3 +396,27 @@ async def test_past_the_bound_the_principals_oldest_conversations_go_first(
     for _ in range(5):
         assert await store.put("p", sized("e")) == 0
     assert await store.get("p", "c") is not None
+
+
+def test_a_connection_closed_just_before_a_write_is_replaced_and_the_write_lands(
+    server: RedisServer,
+) -> None:
+    """Under uvloop (what uvicorn runs on), a write on a connection whose transport closed
+    after the pool checked it (Redis died or failed over at that moment) raises RuntimeError,
+    which redis-py passes on as it is: the store takes it for the connection error it is and
+    sends the write again on a new connection, where it failed the write before."""
+
+    async def scenario() -> bool:
+        store = RedisStore(server.url, timeout=1.0)
+        try:
+            await store.put("p", record("warm"))  # one connection, back in the pool
+            (idle,) = store.client.connection_pool._available_connections  # type: ignore[attr-defined]
+            # Closed now; the loop tells its reader only on its next pass, after the pool's
+            # check of the connection and the write.
+            idle._writer.transport.close()
+            await store.put("p", record("after"))
+            return await store.get("p", "after") is not None
+        finally:
+            await store.aclose()
+
+    assert uvloop.run(scenario())
