@@ -32,9 +32,13 @@ def rss():
 
 
 #: The child's last lines: its `middleware` served on loopback, its base URL printed, until its
-#: standard input closes (`ServerThread` and `sys` imported by the script).
+#: standard input closes (`ServerThread` and `sys` imported by the script); the server's frame
+#: limit is the one for the middleware's `Limits.max_message_bytes`.
 SERVE = """
-with ServerThread(middleware, lifetime=120) as base_url:
+from ws_mode.testing._loopback import ws_max_size
+with ServerThread(
+    middleware, lifetime=120, ws_max_size=ws_max_size(middleware.settings.limits)
+) as base_url:
     print(base_url, flush=True)
     sys.stdin.read()  # until the test closes it
 """

@@ -37,7 +37,10 @@ from typing import TYPE_CHECKING, Any, Final
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
 from websockets.protocol import State
+
+from ._budget import BUDGET_EXTENSION, REFUSED_MESSAGE, MemoryBudget
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
@@ -202,6 +205,14 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     stay as they arrived, compressed, until the application asks for the next message, and
     reading resumes only then. A frame's payload is let go once uvicorn made it a message
     (websockets' parser otherwise keeps the last frame until the next one arrives).
+
+    The fragments of a message still arriving (frames without FIN, each inflated on its own)
+    are held here, up to the message size limit per socket, before the application sees any
+    of it: they are counted in the process's memory budget as they come, when ws_mode's
+    middleware serves the socket (it hands the protocol its budget with ``websocket.accept``,
+    through the ASGI extension ``ws_mode.memory_budget`` offered in the scope). A fragment the
+    budget cannot hold drops the message: the rest of it is let go as it arrives, and the
+    middleware answers ``memory_budget_exceeded`` in its place, the socket kept.
     """
 
     #: The smallest message, in bytes (UTF-8 for text), compressed when the client negotiated
@@ -220,6 +231,11 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     # instance once frames arrive.
     _unparsed: bytearray | None = None
     _frame_left: int = 0
+    # The budget fragments are counted in (handed over with `websocket.accept`), what the
+    # message being received holds of it, and whether that message is being dropped.
+    _budget: MemoryBudget | None = None
+    _fragments: int = 0
+    _dropping: bool = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start with the real transport wrapped."""
@@ -227,9 +243,22 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         wrapped = real or BatchingTransport(transport, self.loop)  # type: ignore[arg-type]
         super().connection_made(wrapped)  # type: ignore[arg-type]
 
+    def handle_connect(self, event: Request) -> None:
+        """uvicorn's, with the extension by which ws_mode's middleware hands over its memory
+        budget offered in the scope."""
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # none when the upgrade was refused
+        if scope is not None:
+            scope["extensions"][BUDGET_EXTENSION] = {}
+
     async def send(self, message: ASGISendEvent) -> None:
         """Send ``message`` as uvicorn does; a data message on an open connection is framed
         here, in one step."""
+        if message["type"] == "websocket.accept" and BUDGET_EXTENSION in message:
+            accept = dict(message)
+            budget = accept.pop(BUDGET_EXTENSION)
+            self._budget = budget if isinstance(budget, MemoryBudget) else None
+            message = accept  # type: ignore[assignment]
         if message["type"] != "websocket.send":
             await super().send(message)
             if message["type"] == "websocket.close" and self._unparsed:
@@ -320,18 +349,70 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_text(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go (websockets' parser keeps the frame)."""
-        super().handle_text(event)
+        if self._admit(event, first=True):
+            super().handle_text(event)
         event.data = b""
 
     def handle_bytes(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go."""
-        super().handle_bytes(event)
+        if self._admit(event, first=True):
+            super().handle_bytes(event)
         event.data = b""
 
     def handle_cont(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go."""
-        super().handle_cont(event)
+        if self._admit(event, first=False):
+            super().handle_cont(event)
         event.data = b""
+
+    def _admit(self, event: Frame, *, first: bool) -> bool:
+        """Whether uvicorn takes this data frame. A message's last frame is taken, and what
+        its fragments held is let go from the budget (the whole message is the receive loop's
+        to count from there); a fragment is taken once the budget holds it. One the budget
+        cannot hold drops the message: what uvicorn holds of it is let go, and so is the rest
+        as it arrives, until its last frame, in place of which the application gets the
+        refusal."""
+        if first:
+            self._dropping = False  # websockets refuses a new message inside another
+        elif self._dropping:
+            if event.fin:
+                self._dropping = False
+                self._hand_on_refusal()
+            return False
+        if event.fin:
+            self._let_fragments_go()
+            return True
+        budget = self._budget
+        size = len(event.data)
+        if budget is None or budget.reserve(size):
+            self._fragments += size
+            return True
+        self._let_fragments_go()
+        self.frames = []
+        self._dropping = True
+        return False
+
+    def _let_fragments_go(self) -> None:
+        if self._fragments and self._budget is not None:
+            self._budget.release(self._fragments)
+        self._fragments = 0
+
+    def _hand_on_refusal(self) -> None:
+        """A message in place of the one dropped, which the receive loop answers
+        ``memory_budget_exceeded``; reading pauses as after any message."""
+        if self.close_sent:
+            return
+        refusal: Any = {"type": "websocket.receive", "text": None, REFUSED_MESSAGE: True}
+        self.queue.put_nowait(refusal)
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """uvicorn's; what the fragments of an unfinished message held is let go."""
+        super().connection_lost(exc)
+        self.frames = []
+        self._let_fragments_go()
 
     def _decide_framing(self) -> bool:
         """Whether data frames are framed here: with no extension, or permessage-deflate alone

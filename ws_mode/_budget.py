@@ -35,6 +35,17 @@ BODY_COPIES = 2
 PRESSURE_SHARE = 4
 
 
+#: The ASGI extension ws_mode's WebSocket protocol (`ws_mode.server.BatchingWebSocketProtocol`)
+#: offers in a socket's scope, and the key of `websocket.accept` by which the middleware hands
+#: it its `MemoryBudget`: what the protocol holds before a message reaches the middleware (the
+#: fragments of a message not finished yet) is counted there.
+BUDGET_EXTENSION = "ws_mode.memory_budget"
+#: The key of the `websocket.receive` message that protocol hands on in place of a fragmented
+#: message the budget could not hold (its fragments dropped as they came): the receive loop
+#: answers `memory_budget_exceeded`, as for a whole message it cannot hold.
+REFUSED_MESSAGE = "ws_mode.refused"
+
+
 class MemoryAccount:
     """The bytes WebSocket mode holds in this process, reserved and released by its parts.
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._asgi import Message, Receive, Scope, Send
 from ._auth import AuthenticationFailed, authenticate, failure_code
-from ._budget import PARSE_FACTOR
+from ._budget import BUDGET_EXTENSION, PARSE_FACTOR, REFUSED_MESSAGE
 from ._cache import ResponseCache
 from ._client_events import (
     CreateEvent,
@@ -156,6 +156,9 @@ class Connection:
             accept["subprotocol"] = subprotocol
         if headers:
             accept["headers"] = headers
+        if BUDGET_EXTENSION in self.scope.get("extensions", {}):
+            # ws_mode's protocol: what it holds of a message still arriving is counted too.
+            accept[BUDGET_EXTENSION] = self.settings.budget
         await self._send(accept)
         if self._state is SocketState.CONNECTING:  # a drain may have come first
             self._state = SocketState.OPEN
@@ -364,6 +367,10 @@ class Connection:
         # The frame is taken out of its message and let go as soon as it is parsed or refused:
         # nothing holds it while the next frame is awaited, nor while an answer waits on a
         # client that stopped reading.
+        if message.get(REFUSED_MESSAGE):
+            # Fragments the budget could not hold, dropped by the protocol as they came.
+            await self.send_error(memory_budget_exceeded("this message"))
+            return
         text = message.pop("text", None)
         data = message.pop("bytes", None)
         size = len(text) if text is not None else len(data or b"")

@@ -15,6 +15,11 @@ worker's RSS growth stays within 1.5 x `max_memory_bytes` plus the per-socket ov
   before its answer is sent, and the next frame stays compressed, unread, until the receive loop
   asks for it.
 
+- Messages left unfinished: every socket sends the first two fragments of a message (frames
+  without FIN, 36 MiB each, a few KiB on the wire) and holds back the last. Before, the ASGI
+  server's protocol kept every fragment, outside the budget, until the message ended; now the
+  fragments are counted as they come, and those the budget cannot hold are let go at once.
+
 The frames are over 32 MiB so that glibc gives each its own mapping, returned to the system when
 it is freed: what RSS shows is what is still held.
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
@@ -47,6 +54,7 @@ from starlette.routing import Route
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode.testing._loopback import ServerThread
 
+MESSAGE_BYTES = 80 * 1024 * 1024  # two of the fragments below, their message unfinished
 state = {"deltas": 0}
 #: Random text does not deflate: the flood fills the client's buffers.
 DELTA = base64.b64encode(os.urandom(48 * 1024)).decode()
@@ -77,7 +85,8 @@ async def handler(request):
 
 import json
 app = Starlette(routes=[Route("/stats", stats), Route("/v1/responses", handler, methods=["POST"])])
-middleware = WebSocketModeMiddleware(app, limits=Limits(max_memory_bytes=int(sys.argv[1])))
+limits = Limits(max_memory_bytes=int(sys.argv[1]), max_message_bytes=MESSAGE_BYTES)
+middleware = WebSocketModeMiddleware(app, limits=limits)
 """
     + SERVE
 )
@@ -166,3 +175,55 @@ def test_a_client_that_stops_reading_cannot_queue_frames() -> None:
             f"RSS grew {growth / MiB:.0f} MiB with {SOCKETS} clients not reading, each having "
             f"sent two {FRAME_CHARS / MiB:.0f} MiB frames; the rule allows {BOUND / MiB:.0f}"
         )
+
+
+#: One fragment of the unfinished messages (the server's message size limit holds two): the
+#: budget holds one at a time.
+FRAGMENT_CHARS = 36 * MiB
+
+
+def test_messages_left_unfinished_hold_no_more_than_the_budget() -> None:
+    with child_server(SERVER, str(BUDGET)) as base_url, contextlib.ExitStack() as stack:
+        url = base_url.replace("http", "ws", 1) + "/v1/responses"
+        before = _baseline(base_url, url)
+        sockets = _open(url, SOCKETS, stack)
+        finishing = threading.Event()
+        start = '{"type": "response.create", "model": "m", "generate": false, "input": "'
+
+        def fragments() -> Iterator[str]:
+            yield start + "x" * (FRAGMENT_CHARS - len(start))
+            yield "x" * FRAGMENT_CHARS
+            finishing.wait(60)
+            yield '"}'
+
+        senders = [
+            threading.Thread(target=socket.send, args=(fragments(),), daemon=True)
+            for socket in sockets
+        ]
+        for sender in senders:
+            sender.start()
+        # Every socket's fragments have reached the server, each message refused at its
+        # first fragment or its second; or the rule is broken.
+        held = wait_for(
+            base_url, lambda s: s["memory_refusals"] == SOCKETS or s["rss"] - before > BOUND
+        )
+        for _ in range(25):  # what the server reads meanwhile shows in its RSS
+            held = stats(base_url)
+            if held["rss"] - before > BOUND:
+                break
+        growth = held["rss"] - before
+        finishing.set()
+        for sender in senders:
+            sender.join(60)
+        assert growth <= BOUND, (
+            f"RSS grew {growth / MiB:.0f} MiB with {SOCKETS} messages left unfinished after two "
+            f"{FRAGMENT_CHARS / MiB:.0f} MiB fragments each; the rule allows {BOUND / MiB:.0f}"
+        )
+        for socket in sockets:  # each message refused, each socket still serving turns
+            refused = _next(socket)
+            assert (refused["type"], refused["error"]["code"]) == (
+                "error",
+                "memory_budget_exceeded",
+            )
+            socket.send(_create(input="again"))
+            assert _terminal(socket)["type"] == "response.completed"
