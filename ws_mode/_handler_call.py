@@ -109,8 +109,8 @@ class HandlerCall:
         self.scope = scope
         self.body = body
         self.sink = sink
-        # An error or JSON answer is read whole; past this size
-        # (`Limits.max_buffered_answer_bytes`) the handler is misbehaving.
+        # An error or JSON answer is read whole, and a streamed one event by event; past this
+        # size (`Limits.max_buffered_answer_bytes`) the handler is misbehaving.
         self.max_buffered = max_buffered
         self.status: int | None = None
         self._streaming = False
@@ -206,6 +206,11 @@ class HandlerCall:
                 except ClientGone:
                     self._client_gone = True
                     raise
+                if self._decoder.pending > self.max_buffered:
+                    # An event that never ends (no blank line): the handler is misbehaving.
+                    raise RuntimeError(
+                        "An event of the handler's answer is larger than ws_mode accepts."
+                    )
             elif body:
                 self._buffered += len(body)
                 if self._buffered > self.max_buffered:

@@ -47,8 +47,8 @@ class Limits:
     `after_response_grace_seconds` is how long post-response work (`on_response`, a handler
     still running after its terminal event) may run on once its connection closed;
     `close_timeout_seconds` bounds sending the close frame; `max_buffered_answer_bytes`
-    bounds an error or JSON answer of the handler, which is read whole (streamed answers are
-    not bounded by it).
+    bounds an error or JSON answer of the handler, which is read whole, and one event of a
+    streamed answer (the stream's length is not bounded).
 
     Fixed bounds: the other bounds are module constants, each a measured cost, a protocol
     fact, a process-wide detail or a ceiling over a knob set elsewhere (docs/limits.md,

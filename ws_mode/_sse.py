@@ -48,17 +48,40 @@ pair, not a named tuple: a stream makes thousands a second."""
 class SSEDecoder:
     """Feed body chunks with `feed`; it returns the events those chunks completed."""
 
-    __slots__ = ("_buffer", "_data", "_event", "_has_data", "_plain", "_skip_lf", "_started")
+    __slots__ = (
+        "_buffer",
+        "_data",
+        "_data_bytes",
+        "_event",
+        "_has_data",
+        "_plain",
+        "_skip_lf",
+        "_started",
+        "_tail",
+        "_tail_bytes",
+    )
 
     def __init__(self) -> None:
         self._buffer = b""
+        # Chunks of a line whose end has not arrived (a long `data:` line in many chunks),
+        # joined once, when it does: joining each to the buffer would copy the line again
+        # for every chunk.
+        self._tail: list[bytes] = []
+        self._tail_bytes = 0
         self._event: str | None = None
         self._data: list[bytes] = []
+        self._data_bytes = 0
         self._has_data = False
         self._skip_lf = False
         self._started = False
         # Nothing pending: the next chunk starts at an event boundary.
         self._plain = False
+
+    @property
+    def pending(self) -> int:
+        """The bytes held of the event not finished yet: its `data` lines so far and the line
+        under way. A stream that never ends an event makes it grow; the caller bounds it."""
+        return len(self._buffer) + self._tail_bytes + self._data_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode a chunk of the body; return the events it completed, in order."""
@@ -81,6 +104,7 @@ class SSEDecoder:
             self._started
             and not self._skip_lf
             and not self._buffer
+            and not self._tail
             and not self._has_data
             and self._event is None
         )
@@ -105,6 +129,14 @@ class SSEDecoder:
             # A CR that ends the chunk may be the first half of a CRLF split across chunks.
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\n" not in chunk:
+            self._tail.append(chunk)
+            self._tail_bytes += len(chunk)
+            return []
+        if self._tail:
+            self._buffer += b"".join(self._tail)
+            self._tail = []
+            self._tail_bytes = 0
         if (
             chunk[-2:] == b"\n\n"
             and not self._buffer
@@ -149,6 +181,7 @@ class SSEDecoder:
             # The two fields that carry something, in the shapes servers write, come first.
             if line.startswith(b"data: "):
                 self._data.append(line[6:])
+                self._data_bytes += len(line)
                 self._has_data = True
             elif line.startswith(b"event: "):
                 self._event = line[7:].decode("utf-8", "replace") or None
@@ -156,6 +189,7 @@ class SSEDecoder:
                 if self._has_data:
                     events.append((self._event, b"\n".join(self._data)))
                     self._data = []
+                    self._data_bytes = 0
                     self._has_data = False
                 self._event = None
             else:
@@ -167,6 +201,7 @@ class SSEDecoder:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
+            self._data_bytes += len(value)
             self._has_data = True
         elif name == b"event":
             self._event = value.decode("utf-8", "replace") or None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 import pytest
 from openai.types.responses.responses_server_event import ResponseWsError
 from starlette.types import Message, Receive, Scope, Send
@@ -216,3 +217,49 @@ async def test_client_gone_propagates() -> None:
         await make_call(app, sink).run()
     # The event was framed; its send found the client gone, and nothing more was reported.
     assert sink.log == [("sse", "response.created", b'{"type":"response.created"}')]
+
+
+@pytest.mark.anyio
+async def test_a_streamed_event_that_never_ends_is_bounded_by_max_buffered_answer_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An event stream is handed on event by event; one event that never ends (no blank line)
+    would be held whole, so it is bounded too: past the limit the handler's `send` raises, and
+    the turn fails with a server error."""
+    sent: list[int] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start())
+        await send(body(sse("response.created")))
+        await send(body(b"data: "))
+        for _ in range(200):  # one data line of 20,000 bytes, its event never ended
+            await send(body(b"x" * 100))
+            sent.append(100)
+        await send(body(b"", more=False))
+
+    sink = Sink()
+    with caplog.at_level(logging.ERROR, logger="ws_mode._handler_call"):
+        await make_call(app, sink, max_buffered=1000).run()
+    assert sink.types == ["response.created", "error"]
+    assert (sink.events[-1]["status"], sink.events[-1]["error"]["code"]) == (500, "server_error")
+    assert "larger than ws_mode accepts" in caplog.text
+    assert 900 <= sum(sent) <= 1000  # refused at the chunk that passed the limit
+
+
+@pytest.mark.anyio
+async def test_a_long_event_within_max_buffered_answer_bytes_arrives_whole() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send(start())
+        await send(body(sse("response.created")))
+        event = sse("response.output_text.delta", delta="y" * 5000)
+        for offset in range(0, len(event), 100):  # in pieces of a line
+            await send(body(event[offset : offset + 100]))
+        await send(body(b"", more=False))
+
+    sink = Sink()
+    await make_call(app, sink, max_buffered=6000).run()
+    delta = "response.output_text.delta"
+    deltas = [orjson.loads(data) for _, kind, data in sink.log if kind == delta]
+    assert [event["delta"] for event in deltas] == ["y" * 5000]

@@ -366,3 +366,15 @@ def test_an_event_from_a_whole_chunk_gets_its_data_replaced_too() -> None:
     assert event.event is not None
     assert event.with_data(b'{"a":2}') == b':\nid: 1\nevent: e\ndata: {"a":2}\n\n'
     assert comment.event is None
+
+
+def test_pending_counts_what_an_unfinished_event_holds_and_drops_at_its_end() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"event: x\ndata: " + b"a" * 100) == []
+    for _ in range(9):  # one data line in many chunks
+        assert decoder.feed(b"a" * 100) == []
+    assert decoder.pending >= 1000
+    assert decoder.feed(b"\ndata: b\n") == []  # a second data line, the event still open
+    assert decoder.pending >= 1000
+    assert decoder.feed(b"\n") == [("x", b"a" * 1000 + b"\nb")]
+    assert decoder.pending == 0
