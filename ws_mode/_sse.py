@@ -247,14 +247,32 @@ class SSEBlocks:
     with `rest()` at the end, are the body. An event's lines are held until its blank line;
     lines before an event's first field (comments: heartbeats) are handed out at once."""
 
-    __slots__ = ("_block", "_decoder", "_line", "_skip_lf", "_started")
+    __slots__ = (
+        "_block",
+        "_block_bytes",
+        "_decoder",
+        "_line",
+        "_skip_lf",
+        "_started",
+        "_tail",
+        "_tail_bytes",
+    )
 
     def __init__(self) -> None:
         self._decoder = SSEDecoder()
         self._block: list[bytes] = []  # the lines of the event being read
+        self._block_bytes = 0
         self._line = b""  # the start of a line whose end has not arrived
+        # Chunks with no line end, joined to `_line` once one arrives (as `SSEDecoder` does).
+        self._tail: list[bytes] = []
+        self._tail_bytes = 0
         self._skip_lf = False
         self._started = False
+
+    @property
+    def pending(self) -> int:
+        """The bytes held back: the lines of the event being read, and the line under way."""
+        return self._block_bytes + len(self._line) + self._tail_bytes
 
     def feed(self, chunk: bytes) -> list[SSEBlock]:
         """The blocks this chunk of the body completed, in order."""
@@ -262,6 +280,7 @@ class SSEBlocks:
             self._started
             and not self._block
             and not self._line
+            and not self._tail
             and not self._skip_lf
             and chunk[-2:] == b"\n\n"
             and b"\r" not in chunk
@@ -284,6 +303,14 @@ class SSEBlocks:
                 else:
                     blocks.append(SSEBlock([b"\n"], None))
                 chunk = chunk[1:]
+        if self._started and b"\n" not in chunk and b"\r" not in chunk:
+            if chunk:
+                self._tail.append(chunk)
+                self._tail_bytes += len(chunk)
+            return blocks
+        if self._tail:
+            self._line += b"".join(self._tail)
+            self._tail, self._tail_bytes = [], 0
         buffer = self._line + chunk if self._line else chunk
         if not self._started and buffer:
             if len(buffer) < 3 and _BOM.startswith(buffer):
@@ -301,11 +328,13 @@ class SSEBlocks:
                 blocks.append(SSEBlock([line], None))  # nothing held back: it passes at once
                 continue
             self._block.append(line)
+            self._block_bytes += len(line)
             events: list[SSEEvent] = []
             self._decoder._lines([content], events)
             if not content:
                 blocks.append(SSEBlock(self._block, events[0] if events else None))
                 self._block = []
+                self._block_bytes = 0
         self._line = buffer[start:]
         self._skip_lf = start == len(buffer) and buffer.endswith(b"\r")
         return blocks
@@ -313,6 +342,7 @@ class SSEBlocks:
     def rest(self) -> bytes:
         """What the body ended with that completed no block (an event with no blank line
         after it dispatches nothing)."""
-        rest = b"".join(self._block) + self._line
-        self._block, self._line = [], b""
+        rest = b"".join([*self._block, self._line, *self._tail])
+        self._block, self._line, self._tail = [], b"", []
+        self._block_bytes = self._tail_bytes = 0
         return rest

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -57,6 +58,8 @@ from ._sse import SSEBlock, SSEBlocks, content_type, is_event_stream
 from ._store import ResponseStore, StoredResponse
 from ._tap import ResponseTap
 from ._turn import body_cost, turn
+
+logger = logging.getLogger(__name__)
 
 
 class StatefulHTTP:
@@ -210,7 +213,7 @@ class StatefulHTTP:
                 start_write(self.store, self.settings.stats, owner, record, seconds=seconds)
             )
 
-        watcher = _Watcher(send, parent, finished)
+        watcher = _Watcher(send, parent, finished, self.settings.limits.max_buffered_answer_bytes)
         headers = _without_length(scope.get("headers", ()))
         headers.append((b"content-length", str(len(request)).encode()))
         try:
@@ -235,6 +238,10 @@ class _Watcher:
     lines, other events and line ends stay as the handler wrote them; only an event whose
     response object the echo changes gets its data re-encoded (on one `data:` line). A JSON
     answer is re-encoded only when the echo changes it.
+
+    What is held back is bounded by `limit` (`Limits.max_buffered_answer_bytes`): a JSON
+    answer is held whole, an SSE event until its blank line. Past it the answer passes on as
+    the handler sends it, from what was held, and nothing of it is echoed or stored.
     """
 
     def __init__(
@@ -242,12 +249,15 @@ class _Watcher:
         send: Send,
         parent_id: str | None,
         finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+        limit: int,
     ) -> None:
         self._send = send
         self._tap = ResponseTap(parent_id)
         self._finished = finished
+        self._limit = limit
         self._blocks: SSEBlocks | None = None
         self._json: list[bytes] | None = None
+        self._json_bytes = 0
         self._start: Message | None = None
 
     async def __call__(self, message: Message) -> None:
@@ -262,19 +272,43 @@ class _Watcher:
                 return  # sent with the body, whose length may change
             await self._send(message)
         elif message["type"] == "http.response.body" and self._json is not None:
-            self._json.append(message.get("body", b""))
-            if not message.get("more_body", False):
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            self._json.append(chunk)
+            self._json_bytes += len(chunk)
+            if not more:
                 await self._send_json(b"".join(self._json))
+            elif self._json_bytes > self._limit:
+                held, start = b"".join(self._json), self._start
+                assert start is not None
+                self._json = self._start = None
+                self._give_up()
+                await self._send(start)
+                await self._send({"type": "http.response.body", "body": held, "more_body": True})
         elif message["type"] == "http.response.body" and self._blocks is not None:
             more = message.get("more_body", False)
-            out = [self._block(block) for block in self._blocks.feed(message.get("body", b""))]
-            if not more:
-                out.append(self._blocks.rest())
+            blocks = self._blocks
+            out = [self._block(block) for block in blocks.feed(message.get("body", b""))]
+            if not more or blocks.pending > self._limit:
+                out.append(blocks.rest())
+                if more:
+                    self._blocks = None
+                    self._give_up()
             body = b"".join(out)
             if body or not more:
                 await self._send({"type": "http.response.body", "body": body, "more_body": more})
         else:
             await self._send(message)
+
+    def _give_up(self) -> None:
+        """What is held passes the bound: the answer passes on as it comes, unechoed, and its
+        response is not stored (a continuation of it gets `previous_response_not_found`)."""
+        logger.warning(
+            "stateful HTTP: the handler's answer holds more than "
+            "Limits.max_buffered_answer_bytes (%d) in one piece; passed on as it is, "
+            "its response not stored",
+            self._limit,
+        )
 
     def _block(self, block: SSEBlock) -> bytes:
         if block.event is None or self._tap.finished:
