@@ -26,9 +26,10 @@ class AfterResponses:
         self.settings = settings
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, node: CachedResponse, current: Turn, response: dict[str, Any]) -> None:
-        """Start the work that follows a finished response, without waiting for it."""
-        if self.settings.renderer is None and self.settings.on_response is None:
+    def start(self, node: CachedResponse | None, current: Turn, response: dict[str, Any]) -> None:
+        """Start the work that follows a finished response, without waiting for it; `node`
+        is its cache entry, None for a response that failed (only the hook runs)."""
+        if self.settings.on_response is None and (node is None or self.settings.renderer is None):
             return
         self.track(asyncio.create_task(self._run(node, current, response)))
 
@@ -38,15 +39,18 @@ class AfterResponses:
         task.add_done_callback(_log_failure)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, node: CachedResponse, current: Turn, response: dict[str, Any]) -> None:
+    async def _run(
+        self, node: CachedResponse | None, current: Turn, response: dict[str, Any]
+    ) -> None:
         await asyncio.sleep(0)  # let the terminal event go out first
         try:
-            node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
+            if node is not None:
+                node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
             hook = self.settings.on_response
             if hook is not None:
                 await call_hook(hook, current, response)
         except Exception:
-            logger.exception("post-response work failed for %s", for_log(node.id))
+            logger.exception("post-response work failed for %s", for_log(response.get("id")))
 
     async def finish(self) -> None:
         """Give work still running a grace period (`Limits.after_response_grace_seconds`),

@@ -41,8 +41,9 @@ class ResponseOwner(Protocol):
     ) -> None:
         """The response finished well; `size` is the response object's decoded size."""
 
-    def response_failed(self) -> None:
-        """The response failed."""
+    def response_failed(self, response: dict[str, Any] | None) -> None:
+        """The response failed; `response` is its terminal response object (that of
+        `response.failed`; None for an `error` event, which carries none)."""
 
 
 class ResponseStream:
@@ -298,7 +299,7 @@ class ResponseStream:
         if tap.response is not None and tap.output is not None:
             self.owner.response_finished(tap.response, tap.output, decoded_size(encoded))
         elif tap.failure is not None:
-            self.owner.response_failed()
+            self.owner.response_failed(tap.terminal)
 
 
 def _not_a_json_object() -> dict[str, Any]:

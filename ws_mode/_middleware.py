@@ -113,10 +113,11 @@ class WebSocketModeMiddleware:
 
     `renderer` renders items to token ids: each turn's new items are rendered once, the tokens
     are kept on the cached response, and the Turn hands the prefix's tokens to the handler.
-    `on_response(turn, response)` runs after each finished response, never delaying the next
-    turn. `on_cache_miss="forward"` sends a create whose `previous_response_id` is not cached
-    on to the handler as the client sent it, for handlers (upstreams) that store responses
-    themselves; the default `"error"` answers `previous_response_not_found`.
+    `on_response(turn, response)` runs after each finished response (completed, incomplete or
+    failed), never delaying the next turn. `on_cache_miss="forward"` sends a create whose
+    `previous_response_id` is not cached on to the handler as the client sent it, for handlers
+    (upstreams) that store responses themselves; the default `"error"` answers
+    `previous_response_not_found`.
 
     `authenticate(scope)` runs before a socket is accepted: it returns the principal the
     turns carry (`Turn.principal`) or raises `AuthenticationFailed` (401/403). `subprotocols`

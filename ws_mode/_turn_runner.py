@@ -618,12 +618,15 @@ class _TurnInFlight:
         runner.cache_response(node, current, output)
         runner.after.start(node, current, response)
 
-    def response_failed(self) -> None:
+    def response_failed(self, response: dict[str, Any] | None) -> None:
         # A failed continuation on the parent's own lane drops the parent
         # (docs/protocol.md, "Conversation state").
         previous = self.current.previous
         if previous is not None and previous.stream_id == self.create.stream_id:
             self.runner.cache.evict(previous.id)
+        if response is not None:
+            # Not cached, but finished: `on_response` sees it (its usage is billed too).
+            self.runner.after.start(None, self.current, response)
 
 
 def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -> bool:

@@ -33,6 +33,7 @@ class Recorder:
         self.frames: list[str] = []
         self.finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         self.failed = 0
+        self.failed_responses: list[dict[str, Any] | None] = []
         self.stream = ResponseStream(
             self,  # as the socket: it only sends text
             self,
@@ -50,8 +51,9 @@ class Recorder:
         assert not any('"response.completed"' in frame for frame in self.frames)
         self.finished.append((response, output))
 
-    def response_failed(self) -> None:
+    def response_failed(self, response: dict[str, Any] | None) -> None:
         self.failed += 1
+        self.failed_responses.append(response)
 
     @property
     def decoded(self) -> list[dict[str, Any]]:
@@ -362,6 +364,8 @@ async def test_response_failed_tells_the_owner() -> None:
     (event,) = recorder.decoded
     assert event["response"]["previous_response_id"] == "resp_0"
     SERVER_EVENTS["response.failed"].model_validate(event)
+    # The owner gets the failed response object (`on_response` sees it, usage and all).
+    assert recorder.failed_responses == [event["response"]]
 
 
 @pytest.mark.anyio
@@ -390,6 +394,7 @@ async def test_flat_sse_error_becomes_the_nested_envelope() -> None:
     }
     ResponseWsError.model_validate(event)
     assert recorder.failed == 1
+    assert recorder.failed_responses == [None]  # an error carries no response object
     assert recorder.stream.finished
 
 

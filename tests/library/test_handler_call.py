@@ -536,7 +536,7 @@ async def test_with_a_response_stream_as_the_sink() -> None:
         ) -> None:
             finished.append((response, output))
 
-        def response_failed(self) -> None:
+        def response_failed(self, response: dict[str, Any] | None) -> None:
             pytest.fail("the response did not fail")
 
     ends = SocketAndTurn()

@@ -356,7 +356,7 @@ def test_an_interrupted_response_counts_the_usage_reported_before_the_interrupt(
     assert billed[0]["usage"] == USAGE  # the recipe's hook bills it too
 
 
-def test_a_failed_response_counts_its_usage_under_the_model_it_names() -> None:
+def test_a_failed_response_counts_its_usage_under_the_model_it_names_and_is_billed() -> None:
     usage = {"input_tokens": 500, "input_tokens_details": {"cached_tokens": 384},
              "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
 
@@ -367,13 +367,22 @@ def test_a_failed_response_counts_its_usage_under_the_model_it_names() -> None:
             "error": {"code": "server_error", "message": "The model failed."},
         })  # fmt: skip
 
+    billed: list[dict[str, Any]] = []
+
+    async def bill(turn: Any, response: dict[str, Any]) -> None:
+        billed.append(response)
+
     app = Starlette(routes=[Route("/v1/responses", failing, methods=["POST"])])
-    middleware = WebSocketModeMiddleware(app)
+    middleware = WebSocketModeMiddleware(app, on_response=bill)
     with serve(middleware) as base, connect(base.replace("http", "ws") + "/v1/responses") as ws:
         ws.send(json.dumps({"type": "response.create", "model": "served", "input": "hi"}))
         terminal = read_turn(ws, [])
-        until(lambda: bool(middleware.stats.snapshot()["tokens"]["by_model"]))
+        until(lambda: bool(middleware.stats.snapshot()["tokens"]["by_model"]) and bool(billed))
     assert terminal["type"] == "response.failed"
+    # The billing recipe's hook sees the failed response too: its usage is billed.
+    assert [(r["id"], r["status"], r["usage"]) for r in billed] == [
+        ("resp_failed_1", "failed", usage)
+    ]
     tokens = middleware.stats.snapshot()["tokens"]
     # The model the response names, not the request's `served`.
     assert tokens["by_model"] == {
