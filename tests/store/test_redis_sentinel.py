@@ -164,9 +164,14 @@ async def test_a_write_is_acknowledged_once_wait_replicas_hold_it_and_then_survi
                 for wait, store in stores.items()
                 for n in range(10)
             }
-            await asyncio.sleep(0.3)
-            acknowledged_first = {key for key, task in writes.items() if task.done()}
-            assert {wait for wait, _n in acknowledged_first} == {0}  # only where nobody waits
+            # The master alone acknowledges the writes that wait for no replica; those that
+            # wait for one cannot be acknowledged while the replicas are cut off.
+            unwaited = [task for (wait, _n), task in writes.items() if wait == 0]
+            await asyncio.wait(unwaited, timeout=20)  # a bound on a hang, not a speed
+            acknowledged_first = {
+                wait for (wait, _n), task in writes.items() if task.done() and task.result()
+            }
+            assert acknowledged_first == {0}  # only where nobody waits
             with caplog.at_level(logging.WARNING, logger="ws_mode"):
                 old.stop()  # SIGKILL: what only it held is gone
                 for replica in servers.replicas:
@@ -191,7 +196,10 @@ async def test_a_write_is_acknowledged_once_wait_replicas_hold_it_and_then_survi
     assert (stats[2].store_writes, stats[2].store_failures) == (0, 10)
     failed = [r.getMessage() for r in caplog.records if "failed to keep" in r.getMessage()]
     assert len(failed) == 10
-    assert all("did not answer within 3 s; the last try:" in line for line in failed), failed[0]
+    # Each names the timeout and, where the store's own bound ended it (not the drain's
+    # `seconds`, which a loaded machine may reach first), its last try's error.
+    assert all("TimeoutError:" in line for line in failed), failed
+    assert any("did not answer within 3 s; the last try:" in line for line in failed), failed
     assert {line.split("'")[1] for line in failed} == {f"w2-{n}" for n in range(10)}
 
 
