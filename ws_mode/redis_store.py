@@ -553,12 +553,14 @@ class RedisStore:
         cluster that serves every slot), it runs the store's Lua scripts (loaded now) and it
         takes a write. Raise `RedisStoreError` or `TimeoutError` naming the problem; return
         warnings about how Redis is run (a Redis that keeps nothing on disk loses every
-        stored response when it restarts)."""
+        stored response when it restarts; a master with fewer replicas following it than
+        `wait_replicas` asks for fails every write)."""
         from redis.asyncio import RedisCluster
 
         client = self.client
         await self._call(lambda: client.ping())  # connects: address, TLS, credentials, db
         nodes: list[object] = [None]
+        warnings: list[str] = []
         if isinstance(client, RedisCluster):
             state = await self._call(lambda: client.cluster_info())
             if state.get("cluster_state") != "ok":
@@ -575,11 +577,19 @@ class RedisStore:
                     f"{self.where} is a Redis Cluster node: name the cluster with "
                     f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
                 )
-            role = (await self._info("replication", None)).get("role", "master")
+            replication = await self._info("replication", None)
+            role = replication.get("role", "master")
             if role != "master":
                 raise RedisStoreError(
                     f"{self.where} is a read-only replica (role: {role}): name its master, or "
                     "its Sentinels with redis+sentinel://"
+                )
+            followers = int(str(replication.get("connected_slaves", self.wait_replicas)))
+            if followers < self.wait_replicas:  # a warning: a replica may be resyncing
+                warnings.append(
+                    f"{self.where} has {followers} replica(s) following it, fewer than the "
+                    f"{self.wait_replicas} wait_replicas asks for: every write fails (after "
+                    "write_timeout) until enough follow it"
                 )
         for script in (_PUT, _GET_CHAIN, _GET_ANCESTORS, _GET, _DELETE):
             await self._call(functools.partial(client.script_load, script))
@@ -587,14 +597,15 @@ class RedisStore:
         await self._call(lambda: client.set(key, b"1", px=CHECK_KEY_MS), self.write_timeout)
         forgetful = [name for node in nodes if (name := await self._keeps_nothing(node))]
         if not forgetful:
-            return []
+            return warnings
         if nodes == [None]:
             which = f"{self.where} keeps"
         else:
             which = f"the nodes {', '.join(forgetful)} of {self.where} keep"
         return [
             f'{which} nothing on disk (appendonly no, save ""): when Redis restarts, every '
-            "stored response is lost, and continuing one gets previous_response_not_found"
+            "stored response is lost, and continuing one gets previous_response_not_found",
+            *warnings,
         ]
 
     async def _info(self, section: str, node: object) -> dict[str, object]:

@@ -328,5 +328,6 @@ async def test_wait_replicas_in_a_sentinel_url_waits_for_the_replica(
         await store.put("alice", stored_record("a"))
         with sentinel.replicas[0].client() as replica:
             assert replica.exists(store.index_key("alice", "a"))
+        assert not [w for w in await store.check() if "wait_replicas" in w]  # one follows
     finally:
         await store.aclose()

@@ -30,7 +30,7 @@ async def test_wait_replicas_in_the_url_is_the_stores_and_the_other_options_redi
     """On one Redis with no replica, a write through `?wait_replicas=1` is never acknowledged
     (it fails, counted once, as with the keyword), while lookups, and the same URL without the
     option, work: the option reached the store, and redis-py got only its own
-    (`socket_keepalive`)."""
+    (`socket_keepalive`). The startup check warns that no replica follows."""
     waiting = RedisStore(
         f"{server.url}?wait_replicas=1&socket_keepalive=true", timeout=1.0, write_timeout=0.5
     )
@@ -55,6 +55,10 @@ async def test_wait_replicas_in_the_url_is_the_stores_and_the_other_options_redi
         assert (stats[waiting].store_writes, stats[waiting].store_failures) == (0, 1)
         assert (stats[plain].store_writes, stats[plain].store_failures) == (1, 0)
         assert await plain.get("alice", "b") is not None
+        # The startup check warns of it (and still lets the server start).
+        short = f"{waiting.where} has 0 replica(s) following it, fewer than the 1 wait_replicas"
+        assert [w for w in await waiting.check() if w.startswith(short)]
+        assert not [w for w in await plain.check() if "wait_replicas" in w]
     finally:
         await waiting.aclose()
         await plain.aclose()
