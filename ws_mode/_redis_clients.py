@@ -15,8 +15,11 @@ other Redis clients use, with several nodes separated by commas)::
     rediss+cluster://..., rediss+sentinel://...                       the same over TLS
 
 The query options are redis-py's (`socket_keepalive=true`, `ssl_cert_reqs=none`,
-`ssl_ca_certs=/path`, ...), for every connection to a data node. The credentials are the data
-nodes' (a Sentinel that needs its own: build the client and use `RedisStore.from_client`).
+`ssl_ca_certs=/path`, ...), for every connection to a data node, except the store's own,
+taken out before redis-py reads the URL: `wait_replicas=N` (not on a cluster), as
+`RedisStore(wait_replicas=N)`, so that a store named by a URL alone (`ws-mode serve --store`)
+can have it. The credentials are the data nodes' (a Sentinel that needs its own: build the
+client and use `RedisStore.from_client`).
 Ports default to 6379, and to 26379 for a Sentinel.
 
 This module imports redis-py: `RedisStore` imports it only once a client is made.
@@ -29,7 +32,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
@@ -133,14 +136,82 @@ def url_kind(url: str) -> Kind:
             f"got {_without_credentials(url)!r}"
         )
     kind = SCHEMES[scheme][0]
+    rest, replicas = own_options(url)
     if kind == "redis":
         try:
-            parse_url(url)
+            parse_url(rest)
         except ValueError as exc:
             raise ValueError(f"{exc} ({_without_credentials(url)!r})") from None
     else:
-        _service_and_db(_split(url, kind)[2], kind, url)
+        _service_and_db(_split(rest, kind)[2], kind, rest)
+    if replicas is not None:
+        try:
+            check_replicas(replicas, kind)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({_without_credentials(url)!r})") from None
     return kind
+
+
+#: The query option of a store URL that is the store's own, not redis-py's.
+_WAIT_REPLICAS: Final = "wait_replicas"
+
+
+def own_options(url: str) -> tuple[str, int | None]:
+    """`url` without the query options that are the store's own (redis-py would pass an
+    option it does not know to each connection, which refuses it), and the `wait_replicas` it
+    gives (None: none). ValueError, without the URL's credentials, for a value that is not a
+    whole number (0 or more), or an option given twice."""
+    head, hash_mark, fragment = url.partition("#")
+    base, question, query = head.partition("?")
+    if not question:
+        return url, None
+    kept: list[str] = []
+    given: list[str] = []
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if unquote_plus(name) == _WAIT_REPLICAS:  # spelt as redis-py's parse_qs reads names
+            given.append(unquote_plus(value))
+        else:
+            kept.append(part)
+    if not given:
+        return url, None
+    if len(given) > 1:
+        raise ValueError(
+            f"{_WAIT_REPLICAS} is given {len(given)} times in {_without_credentials(url)!r}"
+        )
+    if re.fullmatch(r"[0-9]+", given[0]) is None:
+        raise ValueError(
+            f"{_WAIT_REPLICAS} in a store URL is a whole number, 0 or more: got "
+            f"{given[0][:40]!r} in {_without_credentials(url)!r}"
+        )
+    rest = base + (f"?{'&'.join(kept)}" if kept else "") + hash_mark + fragment
+    return rest, int(given[0])
+
+
+def wait_replicas_of(url: str, given: int | None) -> int:
+    """How many replicas must confirm a write of the store `url` names: `given` (the
+    keyword), else the URL's `wait_replicas`, else 0. ValueError when both are given and
+    differ (neither is taken over the other), and as `check_replicas` says."""
+    kind = url_kind(url)
+    in_url = own_options(url)[1]
+    if given is not None and in_url is not None and given != in_url:
+        raise ValueError(
+            f"wait_replicas={given} and the URL's wait_replicas={in_url} disagree "
+            f"({_without_credentials(url)!r}): give one of them"
+        )
+    replicas = given if given is not None else in_url or 0
+    check_replicas(replicas, kind)
+    return replicas
+
+
+def check_replicas(wait_replicas: int, kind: Kind) -> None:
+    """ValueError unless `wait_replicas` can be asked of a store on `kind`."""
+    if wait_replicas < 0:
+        raise ValueError("wait_replicas must be 0 or more")
+    if wait_replicas and kind == "cluster":
+        # A cluster pipeline sends WAIT (which names no key) to a node of its choosing, not
+        # down the connection that wrote.
+        raise ValueError("wait_replicas is for one Redis or a Sentinel's master, not a cluster")
 
 
 def open_client(
@@ -150,8 +221,10 @@ def open_client(
     cluster), socket reads bounded by `timeout` seconds and connecting by `connect_timeout`.
     A connection found broken is replaced and the command sent once more, at once; the store
     retries nothing else on one Redis, and waits out failovers on a cluster or a Sentinel's.
-    ValueError, without the URL's credentials, when the URL is not one of the forms above."""
+    The store's own query options (`own_options`) are left out. ValueError, without the URL's
+    credentials, when the URL is not one of the forms above."""
     url_kind(url)
+    url = own_options(url)[0]
     scheme = url.partition("://")[0].lower()
     kind, base = SCHEMES[scheme]
     retry = Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))

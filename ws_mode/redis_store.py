@@ -47,9 +47,10 @@ on a cluster): the others wait for a connection within their deadline, never fai
 lack of one. `check()` asks Redis, at startup, whether the store can work at all.
 
 Replication is asynchronous: a write the master acknowledged may be lost by a failover. With
-`wait_replicas` (not on a cluster) a write and a delete are followed by `WAIT` on the same
-connection, in the same round trip, and count only once that many replicas confirmed them;
-otherwise they are sent again until their deadline (both are idempotent).
+`wait_replicas` (not on a cluster; the keyword, or `?wait_replicas=N` in the URL) a write and
+a delete are followed by `WAIT` on the same connection, in the same round trip, and count
+only once that many replicas confirmed them; otherwise they are sent again until their
+deadline (both are idempotent).
 """
 
 from __future__ import annotations
@@ -245,7 +246,9 @@ class RedisStore:
     again after growing pauses; every lookup, waiting and retries included, ends within
     `timeout` seconds, every write within `write_timeout`, with `RedisStoreError` (what went
     wrong, and where) or `TimeoutError`. With `wait_replicas`, a write lands only once that
-    many replicas confirmed it (Redis `WAIT`), so a failover does not lose it.
+    many replicas confirmed it (Redis `WAIT`), so a failover does not lose it; the URL can say
+    it instead (`redis://host:6379/0?wait_replicas=1`, for a store named by its URL alone), and
+    a keyword that disagrees with the URL is a ValueError naming both.
     """
 
     def __init__(
@@ -257,15 +260,15 @@ class RedisStore:
         timeout: float = 2.0,
         write_timeout: float = 10.0,
         max_connections: int = 64,
-        wait_replicas: int = 0,
+        wait_replicas: int | None = None,
     ) -> None:
         try:
-            from ._redis_clients import open_client, url_kind
+            from ._redis_clients import open_client, wait_replicas_of
         except ImportError as error:  # pragma: no cover - the extra is not installed
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
-        _check_replicas(wait_replicas, url_kind(url))  # before a client is made
+        replicas = wait_replicas_of(url, wait_replicas)  # the URL checked before a client is made
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         endpoint = open_client(
@@ -285,7 +288,7 @@ class RedisStore:
             ttl_seconds=ttl_seconds,
             timeout=timeout,
             write_timeout=write_timeout,
-            wait_replicas=wait_replicas,
+            wait_replicas=replicas,
         )
 
     @classmethod
@@ -341,9 +344,9 @@ class RedisStore:
         write_timeout: float,
         wait_replicas: int,
     ) -> None:
-        from ._redis_clients import ERRORS
+        from ._redis_clients import ERRORS, check_replicas
 
-        _check_replicas(wait_replicas, kind)
+        check_replicas(wait_replicas, kind)
 
         self.client = client
         #: What the store reaches: "redis" (one Redis), "cluster" or "sentinel".
@@ -550,12 +553,14 @@ class RedisStore:
         cluster that serves every slot), it runs the store's Lua scripts (loaded now) and it
         takes a write. Raise `RedisStoreError` or `TimeoutError` naming the problem; return
         warnings about how Redis is run (a Redis that keeps nothing on disk loses every
-        stored response when it restarts)."""
+        stored response when it restarts; a master with fewer replicas following it than
+        `wait_replicas` asks for fails every write)."""
         from redis.asyncio import RedisCluster
 
         client = self.client
         await self._call(lambda: client.ping())  # connects: address, TLS, credentials, db
         nodes: list[object] = [None]
+        warnings: list[str] = []
         if isinstance(client, RedisCluster):
             state = await self._call(lambda: client.cluster_info())
             if state.get("cluster_state") != "ok":
@@ -572,11 +577,19 @@ class RedisStore:
                     f"{self.where} is a Redis Cluster node: name the cluster with "
                     f"redis+cluster://{seeds} (or RedisStore.from_client with a RedisCluster)"
                 )
-            role = (await self._info("replication", None)).get("role", "master")
+            replication = await self._info("replication", None)
+            role = replication.get("role", "master")
             if role != "master":
                 raise RedisStoreError(
                     f"{self.where} is a read-only replica (role: {role}): name its master, or "
                     "its Sentinels with redis+sentinel://"
+                )
+            followers = int(str(replication.get("connected_slaves", self.wait_replicas)))
+            if followers < self.wait_replicas:  # a warning: a replica may be resyncing
+                warnings.append(
+                    f"{self.where} has {followers} replica(s) following it, fewer than the "
+                    f"{self.wait_replicas} wait_replicas asks for: every write fails (after "
+                    "write_timeout) until enough follow it"
                 )
         for script in (_PUT, _GET_CHAIN, _GET_ANCESTORS, _GET, _DELETE):
             await self._call(functools.partial(client.script_load, script))
@@ -584,14 +597,15 @@ class RedisStore:
         await self._call(lambda: client.set(key, b"1", px=CHECK_KEY_MS), self.write_timeout)
         forgetful = [name for node in nodes if (name := await self._keeps_nothing(node))]
         if not forgetful:
-            return []
+            return warnings
         if nodes == [None]:
             which = f"{self.where} keeps"
         else:
             which = f"the nodes {', '.join(forgetful)} of {self.where} keep"
         return [
             f'{which} nothing on disk (appendonly no, save ""): when Redis restarts, every '
-            "stored response is lost, and continuing one gets previous_response_not_found"
+            "stored response is lost, and continuing one gets previous_response_not_found",
+            *warnings,
         ]
 
     async def _info(self, section: str, node: object) -> dict[str, object]:
@@ -695,12 +709,3 @@ class RedisStore:
 def _check_bounds(ttl_seconds: float, timeout: float, write_timeout: float) -> None:
     if ttl_seconds <= 0 or timeout <= 0 or write_timeout <= 0:
         raise ValueError("ttl_seconds, timeout and write_timeout must be positive")
-
-
-def _check_replicas(wait_replicas: int, kind: Kind) -> None:
-    if wait_replicas < 0:
-        raise ValueError("wait_replicas must be 0 or more")
-    if wait_replicas and kind == "cluster":
-        # A cluster pipeline sends WAIT (which names no key) to a node of its choosing, not
-        # down the connection that wrote.
-        raise ValueError("wait_replicas is for one Redis or a Sentinel's master, not a cluster")

@@ -323,3 +323,19 @@ async def test_with_wait_replicas_a_write_and_a_delete_are_on_the_replica_when_t
             RedisStore("redis+cluster://127.0.0.1:7000", wait_replicas=1)
     finally:
         await store.aclose()
+
+
+async def test_wait_replicas_in_a_sentinel_url_waits_for_the_replica(
+    sentinel: SentinelServers,
+) -> None:
+    """`redis+sentinel://.../service?wait_replicas=1`, the form `ws-mode serve --store` takes:
+    the write is on the replica when it returns, as with the keyword."""
+    store = RedisStore(f"{sentinel.url}?wait_replicas=1", prefix="url-waited", timeout=5.0)
+    try:
+        assert store.wait_replicas == 1
+        await store.put("alice", stored_record("a"))
+        with sentinel.replicas[0].client() as replica:
+            assert replica.exists(store.index_key("alice", "a"))
+        assert not [w for w in await store.check() if "wait_replicas" in w]  # one follows
+    finally:
+        await store.aclose()

@@ -4,6 +4,7 @@ and a server; and the URL forms ``--store`` takes."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ import pytest
 
 from tests.redis_server import RedisServer
 from tests.servers import first_line, stop
-from ws_mode.toolkit.cli import main
-from ws_mode.toolkit.cli.common import is_redis_url
+from ws_mode.redis_store import RedisStore
+from ws_mode.toolkit.cli import build_parser, main
+from ws_mode.toolkit.cli.common import is_redis_url, store_from_argument
 from ws_mode.toolkit.cli.serve import ServeSettings
 
 
@@ -97,3 +99,35 @@ def test_start_degraded_reaches_the_workers(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ValueError, match="WS_MODE_SERVE_START_DEGRADED"):
         ServeSettings.from_environment({"WS_MODE_SERVE_START_DEGRADED": "maybe"})
     assert settings.build().start_degraded
+
+
+def test_serve_and_proxy_take_wait_replicas_from_the_store_url(
+    server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No flag of its own: `--store 'redis://...?wait_replicas=1'` gives the store that
+    serve builds (in its process, and in each worker from the environment) and proxy builds;
+    a bad value is a usage error that names it, without the password."""
+    url = f"{server.url}?wait_replicas=1"
+    settings = ServeSettings.from_arguments(build_parser().parse_args(["serve", "--store", url]))
+    worker = ServeSettings.from_environment(settings.environment())
+    proxy = build_parser().parse_args(
+        ["proxy", "--upstream", "http://127.0.0.1:9/v1", "--store", url, "--store-scope", "shared"]
+    )
+    stores = [
+        settings.build().settings.store,
+        worker.build().settings.store,
+        store_from_argument(proxy.store),  # what ws-mode proxy makes of --store
+    ]
+    try:
+        assert [type(store) for store in stores] == [RedisStore] * 3
+        assert [getattr(store, "wait_replicas", None) for store in stores] == [1, 1, 1]
+    finally:
+        for store in stores:
+            if store is not None:
+                asyncio.run(store.aclose())
+    bad = server.url.replace("redis://", "redis://:s3cret@") + "?wait_replicas=-1"
+    for command in (["serve"], ["proxy", "--upstream", "http://127.0.0.1:9/v1"]):
+        assert main([*command, "--store", bad]) == 2
+        err = capsys.readouterr().err
+        assert "wait_replicas in a store URL is a whole number, 0 or more: got '-1'" in err
+        assert "s3cret" not in err

@@ -134,7 +134,8 @@ def add_server_arguments(
         "in Redis (needs the redis extra): one Redis (redis://HOST:PORT/DB, rediss:// with "
         "TLS, unix:///PATH), a Redis Cluster (redis+cluster://HOST:PORT[,HOST:PORT...]) or "
         "the master Sentinels follow (redis+sentinel://HOST:26379[,...]/SERVICE[/DB]); "
-        "docs/store.md (default: none)",
+        "?wait_replicas=N in the URL: a write counts once N replicas have it (not on a "
+        "cluster); docs/store.md (default: none)",
     )
     parser.add_argument(
         "--start-degraded",
