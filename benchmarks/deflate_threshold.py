@@ -39,7 +39,6 @@ from websockets.client import ClientProtocol
 from websockets.extensions.permessage_deflate import (
     ClientPerMessageDeflateFactory,
     PerMessageDeflate,
-    ServerPerMessageDeflateFactory,
 )
 from websockets.frames import Frame
 from websockets.http11 import Request
@@ -47,9 +46,9 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from ws_mode._batching import data_frame
-from ws_mode.toolkit.bench.in_process import socket_scope
+from ws_mode.toolkit.bench.in_process import socket_scope, uvicorn_deflate
 
-__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain", "uvicorn_deflate"]
+__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain"]
 
 #: The thresholds measured by default, in bytes.
 DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
@@ -127,16 +126,6 @@ def record_chain(full_context: str, turns: int, tool_output_bytes: int) -> list[
     turns against the load bench's server app, in order."""
     texts = asyncio.run(_record(full_context, turns, tool_output_bytes))
     return [text.encode() for text in texts]
-
-
-def uvicorn_deflate() -> ServerPerMessageDeflateFactory:
-    """The permessage-deflate uvicorn's websockets-sansio protocol (and so
-    ``BatchingWebSocketProtocol``) offers: 12-bit windows both ways, ``memLevel`` 5."""
-    return ServerPerMessageDeflateFactory(
-        server_max_window_bits=12,
-        client_max_window_bits=12,
-        compress_settings={"memLevel": 5},
-    )
 
 
 def _negotiated() -> tuple[ServerProtocol, ClientProtocol]:

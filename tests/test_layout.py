@@ -126,17 +126,18 @@ def test_the_library_never_imports_the_toolkit() -> None:
 LAB = PACKAGE.parent / "benchmarks"
 
 
-def imports_the_lab(path: Path) -> bool:
-    """Whether the module at `path` imports the lab (`benchmarks`), anywhere in it."""
+def imports_the_lab(path: Path, package: str = "benchmarks") -> bool:
+    """Whether the module at `path` imports the lab (`benchmarks`), or the top-level `package`
+    named, anywhere in it."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import) and any(
-            alias.name.split(".")[0] == "benchmarks" for alias in node.names
+            alias.name.split(".")[0] == package for alias in node.names
         ):
             return True
         if (
             isinstance(node, ast.ImportFrom)
             and not node.level
-            and (node.module or "").split(".")[0] == "benchmarks"
+            and (node.module or "").split(".")[0] == package
         ):
             return True
     return False
@@ -146,6 +147,22 @@ def test_neither_library_nor_toolkit_imports_the_lab() -> None:
     assert [name for name in MODULES if imports_the_lab(MODULES[name])] == []
     # The check reads what it should: the lab's own modules import each other.
     assert imports_the_lab(LAB / "deflate_threshold.py")
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def test_only_the_lab_s_own_tests_import_it_and_it_imports_no_test() -> None:
+    """tests/benchmarks/ tests the lab; every other test tests the package, so it needs none
+    of the lab's code (what both use lives in the toolkit, which the lab imports). The lab
+    imports the library and the toolkit only, never a test helper."""
+    own = TESTS / "benchmarks"
+    tests = sorted(path for path in TESTS.rglob("*.py") if own not in path.parents)
+    assert [p.relative_to(TESTS).as_posix() for p in tests if imports_the_lab(p)] == []
+    lab = sorted(LAB.rglob("*.py"))
+    assert [p.relative_to(LAB).as_posix() for p in lab if imports_the_lab(p, "tests")] == []
+    # The check reads what it should: the lab's tests import it.
+    assert imports_the_lab(own / "test_deflate_threshold.py")
 
 
 def test_no_module_of_the_repository_is_over_the_bound() -> None:

@@ -54,16 +54,25 @@ class AfterResponses:
 
     async def finish(self) -> None:
         """Give work still running a grace period (`Limits.after_response_grace_seconds`),
-        then cancel it."""
-        if not self._tasks:
+        then cancel it; return once it has ended.
+
+        The connection's task may itself be cancelled (a server's shutdown timeout): then the
+        work gets no grace, and is cancelled with it, never left pending on a loop about to
+        close (Python's "Task was destroyed but it is pending!")."""
+        tasks = set(self._tasks)
+        if not tasks:
             return
-        _done, pending = await asyncio.wait(
-            set(self._tasks), timeout=self.settings.limits.after_response_grace_seconds
-        )
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        current = asyncio.current_task()
+        cancelled = current is not None and current.cancelling() > 0
+        grace = 0.0 if cancelled else self.settings.limits.after_response_grace_seconds
+        try:
+            await asyncio.wait(tasks, timeout=grace)
+        finally:
+            pending = [task for task in tasks if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

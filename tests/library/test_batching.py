@@ -27,12 +27,12 @@ from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 from websockets.typing import ExtensionName
 
-from benchmarks.deflate_threshold import uvicorn_deflate
 from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode._batching import FLUSH_BYTES, BatchingTransport, data_frame
 from ws_mode.server import BatchingWebSocketProtocol
 from ws_mode.testing._client import connect
+from ws_mode.toolkit.bench.in_process import uvicorn_deflate
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 

@@ -1,7 +1,8 @@
 """The middleware driven in-process, with no server and no socket, for the microbenchmarks
 that call it directly (:mod:`.forward`, :mod:`.turns`, the deflate-threshold recording): the
-scope of a WebSocket connection as a server would hand it over, and the event loop uvicorn
-would serve it on."""
+scope of a WebSocket connection as a server would hand it over, the event loop uvicorn
+would serve it on, and the permessage-deflate it would negotiate (framing compared with
+websockets' own, in the deflate study and in the framing tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["event_loop_runner", "socket_scope"]
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+
+__all__ = ["event_loop_runner", "socket_scope", "uvicorn_deflate"]
 
 _T = TypeVar("_T")
 
@@ -42,3 +45,14 @@ def socket_scope(path: str) -> dict[str, Any]:
         "subprotocols": [],
         "extensions": {},
     }
+
+
+def uvicorn_deflate() -> ServerPerMessageDeflateFactory:
+    """The permessage-deflate uvicorn's websockets-sansio protocol (and so
+    ``BatchingWebSocketProtocol``) offers: 12-bit windows both ways, ``memLevel`` 5 (uvicorn
+    builds it inline, with nothing to import)."""
+    return ServerPerMessageDeflateFactory(
+        server_max_window_bits=12,
+        client_max_window_bits=12,
+        compress_settings={"memLevel": 5},
+    )
