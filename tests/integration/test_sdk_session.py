@@ -8,7 +8,8 @@ successor arrives on the same lane, collected by the same lane handle."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -48,13 +49,32 @@ def text(response: Response) -> str:
     return response.output_text
 
 
-def test_lanes_forks_and_steering_sync(base: str) -> None:
-    session_type = session_helpers.ResponsesWebSocketSession
+@contextmanager
+def open_session(base: str) -> Iterator[Any]:
+    """A `ResponsesWebSocketSession` on a socket of the SDK's sync client to `base`."""
     with (
         OpenAI(base_url=base, api_key="x", max_retries=0, http_client=sdk_http_client()) as client,
         client.responses.connect() as connection,
-        session_type(connection, limits=LIMITS) as session,
+        session_helpers.ResponsesWebSocketSession(connection, limits=LIMITS) as session,
     ):
+        yield session
+
+
+@asynccontextmanager
+async def open_async_session(base: str) -> AsyncIterator[Any]:
+    """An `AsyncResponsesWebSocketSession` on a socket of the SDK's async client to `base`."""
+    async with (
+        AsyncOpenAI(
+            base_url=base, api_key="x", max_retries=0, http_client=sdk_async_http_client()
+        ) as client,
+        client.responses.connect() as connection,
+        session_helpers.AsyncResponsesWebSocketSession(connection, limits=LIMITS) as session,
+    ):
+        yield session
+
+
+def test_lanes_forks_and_steering_sync(base: str) -> None:
+    with open_session(base) as session:
         a, b = session.lane("a"), session.lane("b")
         # Two lanes at once and the default lane: each lane collects its own response.
         a.send(create("Tell me about lighthouses."))
@@ -113,14 +133,7 @@ def _successor(lane: Any) -> Response:
 
 @pytest.mark.anyio
 async def test_lanes_forks_and_steering_async(base: str) -> None:
-    session_type = session_helpers.AsyncResponsesWebSocketSession
-    async with (
-        AsyncOpenAI(
-            base_url=base, api_key="x", max_retries=0, http_client=sdk_async_http_client()
-        ) as client,
-        client.responses.connect() as connection,
-        session_type(connection, limits=LIMITS) as session,
-    ):
+    async with open_async_session(base) as session:
         a, b = session.lane("a"), session.lane("b")
         await a.send(create("Tell me about lighthouses."))
         await b.send(create("Tell me about harbours."))

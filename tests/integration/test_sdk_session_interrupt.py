@@ -10,10 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI, OpenAI
 
-from tests.client_tls import sdk_async_http_client, sdk_http_client
-from tests.integration.test_sdk_session import LIMITS, create, session_helpers
+from tests.integration.test_sdk_session import create, open_async_session, open_session
 from tests.servers import serve
 from ws_mode.toolkit.cli.serve import build_app
 
@@ -37,12 +35,7 @@ def interrupt(response_id: str) -> dict[str, Any]:
 
 
 def test_an_interrupt_on_a_session_lane_sync(base: str) -> None:
-    session_type = session_helpers.ResponsesWebSocketSession
-    with (
-        OpenAI(base_url=base, api_key="x", max_retries=0, http_client=sdk_http_client()) as client,
-        client.responses.connect() as connection,
-        session_type(connection, limits=LIMITS) as session,
-    ):
+    with open_session(base) as session:
         lane = session.lane("a")
         lane.send(create("Tell me about lighthouses."))
         target = ""
@@ -65,14 +58,7 @@ def test_an_interrupt_on_a_session_lane_sync(base: str) -> None:
 
 @pytest.mark.anyio
 async def test_an_interrupt_on_a_session_lane_async(base: str) -> None:
-    session_type = session_helpers.AsyncResponsesWebSocketSession
-    async with (
-        AsyncOpenAI(
-            base_url=base, api_key="x", max_retries=0, http_client=sdk_async_http_client()
-        ) as client,
-        client.responses.connect() as connection,
-        session_type(connection, limits=LIMITS) as session,
-    ):
+    async with open_async_session(base) as session:
         lane = session.lane("a")
         await lane.send(create("Tell me about lighthouses."))
         target = ""
