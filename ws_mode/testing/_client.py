@@ -133,6 +133,14 @@ def _closed(exc: ConnectionClosed, connection: SyncConnection | AsyncConnection)
     return SocketClosed(str(exc))
 
 
+def _raise_too_large(exc: ConnectionClosed, connection: SyncConnection | AsyncConnection) -> None:
+    """:class:`MessageTooLarge` from `exc` when the client closed the socket over a message
+    past its limit; otherwise nothing (the caller raises `exc` as it is)."""
+    closed = _closed(exc, connection)
+    if isinstance(closed, MessageTooLarge):
+        raise closed from exc
+
+
 def message_limit(protocol: object) -> int | None:
     """The largest message websockets' ``protocol`` reads (None: any): its
     ``max_message_size`` in newer releases of websockets, ``max_size`` in older ones."""
@@ -230,9 +238,15 @@ class SyncSocket:
         self.close()
 
     def send(self, event: Mapping[str, Any] | str) -> int:
-        """Send one event (an object, or its JSON text) as a text frame; its size in bytes."""
+        """Send one event (an object, or its JSON text) as a text frame; its size in bytes.
+        :class:`MessageTooLarge` when the client had closed the socket over a message past its
+        limit (a reader got there first), as :meth:`receive` says it."""
         frame = _frame(event)
-        self.connection.send(frame)
+        try:
+            self.connection.send(frame)
+        except ConnectionClosed as exc:
+            _raise_too_large(exc, self.connection)
+            raise
         return len(frame.encode())
 
     def receive(self, timeout: float | None = None) -> Event:
@@ -326,9 +340,14 @@ class AsyncSocket:
         await self.close()
 
     async def send(self, event: Mapping[str, Any] | str) -> int:
-        """Send one event (an object, or its JSON text) as a text frame; its size in bytes."""
+        """Send one event (an object, or its JSON text) as a text frame; its size in bytes;
+        :class:`MessageTooLarge` as :meth:`SyncSocket.send` says."""
         frame = _frame(event)
-        await self.connection.send(frame)
+        try:
+            await self.connection.send(frame)
+        except ConnectionClosed as exc:
+            _raise_too_large(exc, self.connection)
+            raise
         return len(frame.encode())
 
     async def receive_frame(self) -> str | bytes:

@@ -191,6 +191,9 @@ def test_a_message_past_the_limit_is_refused_with_a_clear_error(
         with pytest.raises(MessageTooLarge) as refused:
             socket.receive(timeout=10)
         assert socket.connection.close_code is not None  # closed, not left half-read
+        # A send that comes after (another lane's, in a check) names the same cause.
+        with pytest.raises(MessageTooLarge):
+            socket.send(create("again"))
     assert refused.value.limit == 1 * MiB
     assert refused.value.size == (None if compression else 8 * MiB)
     assert "over the client's limit of 1048576 bytes (max_message_bytes)" in str(refused.value)
@@ -207,6 +210,8 @@ def test_an_async_socket_refuses_a_message_past_the_limit(hostile_url: str) -> N
             async with asyncio.timeout(10):
                 with pytest.raises(MessageTooLarge):
                     await socket.receive()
+            with pytest.raises(MessageTooLarge):
+                await socket.send(create("again"))
         # Demultiplexed, the lanes hear the close and the error says why.
         async with await connect_async(hostile_url, max_message_bytes=1 * MiB) as socket:
             socket.demultiplex([None], lambda kind, detail: errors.append(kind))
