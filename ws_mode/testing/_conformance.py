@@ -51,6 +51,8 @@ STEER_EVENTS: Final = frozenset(
 )
 #: Asks for a long answer: a stream slow enough to steer into.
 LONG_ANSWER: Final = "Write a long story, at least 300 words, about a lighthouse keeper."
+#: At most this many rounds of tool calls are answered while waiting for a message to stream.
+TOOL_ROUNDS: Final = 4
 
 
 class CaseSkipped(Exception):
@@ -452,3 +454,37 @@ class Probe:
 def user_message(text: str) -> dict[str, Any]:
     """A user message item of ``text``."""
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def message_streaming(
+    probe: Probe, socket: SyncSocket, request: dict[str, Any], into: str = "steer into"
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Send ``request`` and read until a message item starts streaming
+    (``response.output_item.added``), answering the tool calls of up to :data:`TOOL_ROUNDS`
+    responses before it, on the request's lane: the request whose response streams it, and its
+    events read so far.
+    Skips the case when no message streams (``into`` says what for)."""
+    for _round in range(TOOL_ROUNDS):
+        socket.send(request)
+        seen: list[dict[str, Any]] = []
+        event = probe.read_until(
+            socket,
+            lambda event: (
+                event["type"] in TERMINAL_EVENTS
+                or (
+                    event["type"] == "response.output_item.added"
+                    and (event.get("item") or {}).get("type") == "message"
+                )
+            ),
+            seen,
+        )
+        if event["type"] not in TERMINAL_EVENTS:
+            return request, seen
+        turn = probe.checked(request, seen)
+        if not turn.finished or not turn.calls():
+            raise CaseSkipped(
+                f"no message ever streamed to {into}: the turn ended with {describe(event)}"
+            )
+        lane = {"stream_id": request["stream_id"]} if "stream_id" in request else {}
+        request = probe.create(probe.follow_up(turn), previous_response_id=turn.id, **lane)
+    raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")

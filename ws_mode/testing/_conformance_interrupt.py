@@ -27,8 +27,9 @@ from ._conformance import (
     Probe,
     Turn,
     describe,
+    message_streaming,
 )
-from ._conformance_steering import message_streaming, steer
+from ._conformance_steering import steer
 
 SOURCE: Final = "Codex's WebSocket client (openai/codex); docs/protocol.md, response.interrupt"
 MODE: Final = "discard_partial_items"
@@ -109,9 +110,30 @@ def interrupted(
         if event["type"] in TERMINAL_EVENTS:
             break
     if answer is None:
-        ended = describe(events[-1])
-        raise CaseFailed(f"the response ended ({ended}) with no answer to the interrupt")
+        _answer_after_the_end(probe, socket, events[-1], steers)
     return probe.checked(request, events), open_item, steers
+
+
+def _answer_after_the_end(
+    probe: Probe, socket: SyncSocket, last: Mapping[str, Any], steers: list[dict[str, Any]]
+) -> None:
+    """The response ended before the interrupt was answered: read its answer, which must come
+    (steering events on the way go to ``steers``). ``response_already_completed`` means the
+    endpoint finished first, which skips the case; any other answer fails it."""
+    while True:
+        event = probe.read_until(socket, lambda event: True)
+        if event["type"] in STEER_EVENTS:
+            steers.append(event)
+            continue
+        if event["type"] in ANSWERS or event["type"] == "error":
+            break
+    _answer_problem(event)
+    if failed_code(event) == "response_already_completed":
+        raise CaseSkipped(TOO_FAST)
+    raise CaseFailed(
+        f"the response ended ({describe(last)}) before the interrupt was answered, then came "
+        f"{describe(event)}"
+    )
 
 
 def _check_interrupted(turn: Turn, open_item: str) -> str:
@@ -215,6 +237,16 @@ def unknown_mode(probe: Probe) -> str:
         events.append(event)
         if event["type"] in TERMINAL_EVENTS:
             break
+    if not errors:
+        # The response ended first: the refusal of the mode must still come.
+        event = probe.read_until(
+            socket, lambda event: event["type"] in ANSWERS or event["type"] == "error"
+        )
+        if failed_code(event) == "response_already_completed":
+            raise CaseSkipped(TOO_FAST)
+        if event["type"] != "error" or (event.get("error") or {}).get("param") != "mode":
+            raise CaseFailed(f"an interrupt of an unknown mode was answered with {describe(event)}")
+        errors.append(event)
     if len(errors) != 1:
         raise CaseFailed(f"{len(errors)} error events with param 'mode', not one")
     if (errors[0].get("error") or {}).get("type") != "invalid_request_error":

@@ -13,7 +13,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._protocol import TERMINAL_EVENTS
 from ._client import SyncSocket
 from ._conformance import (
     LONG_ANSWER,
@@ -24,6 +23,7 @@ from ._conformance import (
     Probe,
     Turn,
     describe,
+    message_streaming,
 )
 from ._conformance_state import FAILING_FIELDS
 from ._program import LOOKUP_TOOL
@@ -36,8 +36,6 @@ TOO_FAST: Final = (
     "the response finished before the steer arrived (response_already_completed): the "
     "endpoint streams too fast to steer into (ws-mode serve: --tokens-per-second)"
 )
-#: At most this many rounds of tool calls are answered while waiting for a message to stream.
-TOOL_ROUNDS: Final = 4
 #: What a case's set-up names when the response ends before it could be steered into.
 INTO: Final = "the response to steer into"
 
@@ -114,38 +112,6 @@ def accepted(probe: Probe) -> str:
     if problems:
         raise CaseFailed("response.steer.accepted: " + "; ".join(problems))
     return f"accepted as {answer['steer']['id']} on lane {lane}"
-
-
-def message_streaming(
-    probe: Probe, socket: SyncSocket, request: dict[str, Any], into: str = "steer into"
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Send ``request`` and read until a message item starts streaming
-    (``response.output_item.added``), answering the tool calls of up to :data:`TOOL_ROUNDS`
-    responses before it: the request whose response streams it, and its events read so far.
-    Skips the case when no message streams (``into`` says what for)."""
-    for _round in range(TOOL_ROUNDS):
-        socket.send(request)
-        seen: list[dict[str, Any]] = []
-        event = probe.read_until(
-            socket,
-            lambda event: (
-                event["type"] in TERMINAL_EVENTS
-                or (
-                    event["type"] == "response.output_item.added"
-                    and (event.get("item") or {}).get("type") == "message"
-                )
-            ),
-            seen,
-        )
-        if event["type"] not in TERMINAL_EVENTS:
-            return request, seen
-        turn = probe.checked(request, seen)
-        if not turn.finished or not turn.calls():
-            raise CaseSkipped(
-                f"no message ever streamed to {into}: the turn ended with {describe(event)}"
-            )
-        request = probe.create(probe.follow_up(turn), previous_response_id=turn.id)
-    raise CaseSkipped(f"the model only called tools in {TOOL_ROUNDS} rounds")
 
 
 def successor(probe: Probe) -> str:

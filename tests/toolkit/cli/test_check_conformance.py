@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import ServeProcess, ws_mode_proxy, ws_mode_serve
+from tests.servers import ServeProcess, serve, ws_mode_proxy, ws_mode_serve
 from tests.toolkit.cli.checks import FAST, run
 from ws_mode.testing import CONFORMANCE_CASES
 from ws_mode.toolkit.cli import main
@@ -140,6 +140,8 @@ def test_a_failed_case_fails_the_run(
     assert case_rows(out) == {"errors.rate_limit_headers": "FAILED"}
     assert "not 429" in out
     assert "conformance: 0 passed, 1 failed, 0 skipped" in out
+    assert out.splitlines()[-1] == "verdict: 1 conformance case failed (exit status 1)"
+    assert "works here" not in out
 
 
 def test_cases_are_skipped_when_the_handshake_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,3 +150,24 @@ def test_cases_are_skipped_when_the_handshake_fails(capsys: pytest.CaptureFixtur
     assert rows["handshake"] == "FAILED"
     assert case_rows(out) == {"lanes.fifo": "skipped", "lanes.fork": "skipped"}
     assert "the handshake failed" in out
+
+
+@pytest.mark.timeout(120)
+def test_a_correct_endpoint_that_streams_faster_than_a_case_can_act_passes_with_skips(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The README's app answers at once: the cases that need a response still streaming when
+    # they act (lanes at once, steering, interrupts) skip, saying so; none fails.
+    with serve("examples.fastapi_app:app") as origin:
+        status, out, rows, _ = run(capsys, origin, "--all", *FAST)
+    assert status == 0, out
+    assert set(rows.values()) <= {"ok", "skipped"}, out
+    outcomes = case_rows(out)
+    assert "FAILED" not in outcomes.values(), out
+    for name in ("lanes.concurrent", "interrupt.accepted", "interrupt.continued"):
+        assert outcomes[name] == "skipped", out
+    assert "streams too fast" in dict(report_cases(out))["interrupt.accepted"]
+    assert outcomes["interrupt.unknown_mode"] == "passed", out
+    # One verdict, the last line, as the exit status says it.
+    assert out.count("works here") == 1, out
+    assert out.splitlines()[-1].startswith("verdict: WebSocket mode works here"), out

@@ -263,9 +263,10 @@ def _run_guarded(name: str, options: CheckOptions, run: Callable[[], CheckResult
 # ----------------------------------------------------------------------------- the report
 
 
-def format_report(report: CheckReport) -> list[str]:
+def format_report(report: CheckReport, *, verdict: bool = True) -> list[str]:
     """The report as lines: a title, the table (check, result, detail), the hint of each
-    failure, and a verdict."""
+    failure, and the counts, with the verdict when ``verdict`` (not when conformance cases
+    follow, whose outcome is part of it: the command line prints one verdict for both)."""
     rows = [(result.name, result.status, result.detail) for result in report.results]
     widths = [
         max(len(row[column]) for row in [("check", "result", ""), *rows]) for column in (0, 1)
@@ -289,8 +290,8 @@ def format_report(report: CheckReport) -> list[str]:
     failed = sum(result.status == "FAILED" for result in report.results)
     skipped = sum(result.status == "skipped" for result in report.results)
     passed = len(report.results) - failed - skipped
-    verdict = f"{passed} ok, {failed} failed, {skipped} skipped"
-    lines += ["", verdict + (": WebSocket mode works here" if report.ok else "")]
+    counts = f"{passed} ok, {failed} failed, {skipped} skipped"
+    lines += ["", counts + (": WebSocket mode works here" if report.ok and verdict else "")]
     return lines
 
 

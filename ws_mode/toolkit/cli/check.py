@@ -32,7 +32,7 @@ from .common import CHECK_REQUIREMENTS, PROG, CommandError
 if TYPE_CHECKING:
     from ws_mode.testing import CaseResult, ConformanceCase
 
-    from ..check import CheckOptions
+    from ..check import CheckOptions, CheckReport
 
 __all__ = ["add_command", "format_cases", "parse_size", "run_check", "target_of"]
 
@@ -265,11 +265,12 @@ def run_check(args: argparse.Namespace) -> int:
 
     say(f"{PROG} check: checking {target.url}")
     report = run_checks(target, options, on_result, on_progress)
-    print("\n".join(format_report(report)), flush=True)
+    print("\n".join(format_report(report, verdict=chosen is None)), flush=True)
     cases = None
     if chosen is not None:
         handshake_ok = report.result("handshake").status == "ok"
         cases = _run_cases(args, chosen, base, path, options, handshake_ok, say)
+        print("\n" + verdict_line(report, cases), flush=True)
     if args.json is not None:
         written = report_json(report)
         if cases is not None:
@@ -281,6 +282,18 @@ def run_check(args: argparse.Namespace) -> int:
             raise CommandError(f"cannot write {args.json}: {exc}") from None
     failed = cases is not None and any(result.outcome == "failed" for result in cases)
     return 0 if report.ok and not failed else 1
+
+
+def verdict_line(report: CheckReport, cases: Sequence[CaseResult]) -> str:
+    """One verdict for the checks and the conformance cases together, as the exit status
+    says it: the endpoint works when neither a check nor a case failed (skips do not count)."""
+    checks = sum(result.status == "FAILED" for result in report.results)
+    failed = sum(result.outcome == "failed" for result in cases)
+    if not checks and not failed:
+        return "verdict: WebSocket mode works here (no check and no conformance case failed)"
+    parts = [f"{count} {what}{'s' if count != 1 else ''}" for count, what in
+             ((checks, "check"), (failed, "conformance case")) if count]  # fmt: skip
+    return f"verdict: {' and '.join(parts)} failed (exit status 1)"
 
 
 def _list_cases() -> int:
