@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from ws_mode import WebSocketModeMiddleware
+from ws_mode import MemoryStore, WebSocketModeMiddleware
 
 
 async def respond(request: Request) -> JSONResponse:
@@ -43,3 +43,5 @@ mounted = Starlette(
     ]
 )
 mounted.add_middleware(WebSocketModeMiddleware, handler_path="/api/v1/responses")
+#: A store, and no way to tell whose responses are whose.
+store_without_authenticate = fastapi_app(store=MemoryStore())

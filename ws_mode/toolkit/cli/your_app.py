@@ -25,6 +25,7 @@ import sys
 from typing import Any, Final
 
 from ws_mode import _logs as logs
+from ws_mode._errors import ConfigError
 from ws_mode._limits import Limits
 from ws_mode._middleware import find_middlewares
 
@@ -138,7 +139,12 @@ def app_limits(app: Any, target: str) -> Limits:
     """The :class:`Limits` of the middleware in ``app`` that takes the largest messages (the
     frame limit must let every middleware's through). :class:`CommandError` when it has
     none."""
-    middlewares = find_middlewares(app)
+    try:
+        middlewares = find_middlewares(app)
+    except ConfigError as exc:
+        # A bad option of the middleware, found while reading the stack: one line, in the
+        # words uvicorn prints when its lifespan startup fails on it.
+        raise CommandError(f"WebSocketModeMiddleware: {exc}") from None
     if not middlewares:
         raise CommandError(
             f"--app {target}: no WebSocketModeMiddleware found in it (add it: "
