@@ -77,6 +77,10 @@ def nginx_config(block: str, *, upstream: str | None, port: int, prefix: Path) -
         assert upstream_line in block, "the documented block changed"
         block = block.replace(upstream_line, f"    server {upstream};")
     block = block.replace(listen_line, f"    listen 127.0.0.1:{port};")
+    # The certificate lines the reader fills in: no TLS here.
+    certificates = re.compile(r"^    ssl_certificate(_key)? .*# FILL IN.*\n", re.MULTILINE)
+    block, count = certificates.subn("", block)
+    assert count == 2, "the documented block changed"
     temp = "\n".join(
         f"    {kind}_temp_path {prefix / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")

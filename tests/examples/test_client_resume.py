@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from openai import OpenAI
 from openai.types.responses import ResponsesServerEvent
 from openai.types.websocket_reconnection import ReconnectingEvent, ReconnectingOverrides
 
-from examples.client_resume import TOOLS, Resend, ResumingAgent
+from examples.client_resume import RETRY_STATUSES, TOOLS, Resend, ResumingAgent
 from tests.redis_server import RedisServer
 from tests.rolling import http_answer
 from tests.serve_workers import serving_worker, wait_for_workers
@@ -171,3 +172,14 @@ def test_the_example_runs_from_the_command_line(served: Served) -> None:
     assert sum(line.startswith("[tool] lookup(") for line in lines) == TOOL_CALLS
     assert f"answered after {TOOL_CALLS} tool calls" in lines[-2]
     assert lines[-1] == f"[{TOOL_CALLS + 1} turns, 0 sent again]"
+
+
+def test_the_docs_retry_the_statuses_the_example_retries() -> None:
+    # docs/deployment.md's two lists of refused handshakes worth another try are the example's,
+    # and neither names 426 (WebSocket mode off: the client goes on over HTTP, as Codex does).
+    text = " ".join((ROOT / "docs" / "deployment.md").read_text().split())
+    listed = re.findall(r"(?:answered|HTTP) ((?:\d{3}, )+\d{3},? (?:or )?\d{3})", text)
+    assert len(listed) == 2, listed
+    for statuses in listed:
+        assert {int(code) for code in re.findall(r"\d{3}", statuses)} == RETRY_STATUSES
+    assert "An upgrade answered 426 is not retried" in text
