@@ -121,6 +121,9 @@ def test_the_readme_is_a_front_door() -> None:
         assert f"\n{heading}\n" in README
     assert "(docs/api.md)" in README
     assert "(docs/limits.md)" in README
+    # The two ratios a newcomer meets first, demo's and the table's, say what each measures.
+    faster = README[README.index("## Will it make my server faster?") :]
+    assert "`ws-mode demo` shows drop-in nearer 0.6-0.75" in " ".join(faster.split())
 
 
 # The cache-aware handler of docs/handlers.md, with the four functions it leaves to the reader.
