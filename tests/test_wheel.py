@@ -64,3 +64,21 @@ def test_the_lab_is_not_in_the_wheel(wheel_files: list[str]) -> None:
         "ws_mode",
         next(name.split("/")[0] for name in wheel_files if ".dist-info/" in name),
     }
+
+
+def test_the_version_is_the_wheel_s_and_the_changelog_s(wheel_files: list[str]) -> None:
+    import re
+
+    import ws_mode
+
+    (info,) = {name.split("/")[0] for name in wheel_files if ".dist-info/" in name}
+    assert info == f"ws_mode-{ws_mode.__version__}.dist-info"
+    # The changelog's newest section is this version: a release's, or the next one's while
+    # the clone is between releases (.devN).
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\d+\.\d+\.\d+)", changelog, re.MULTILINE)
+    assert newest is not None
+    release, _, dev = ws_mode.__version__.partition(".dev")
+    assert newest.group(1) == release
+    heading = changelog[newest.start() : changelog.index("\n", newest.start())]
+    assert ("(in development)" in heading) == bool(dev), heading
