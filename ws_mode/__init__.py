@@ -19,6 +19,7 @@ from ._middleware import WebSocketModeMiddleware, find_middlewares
 from ._settings import FullContext, HandshakeHeaders, ResponseHook
 from ._stats import Stats
 from ._store import MemoryStore, QuotaExceeded, ResponseStore, StoredResponse
+from ._tap import Usage
 from ._tokens import Renderer, Tokens
 from ._turn import Turn, turn
 
@@ -41,6 +42,7 @@ __all__ = [
     "StoredResponse",
     "Tokens",
     "Turn",
+    "Usage",
     "WSModeError",
     "WebSocketModeMiddleware",
     "__version__",

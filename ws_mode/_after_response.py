@@ -14,6 +14,7 @@ from ._hooks import call_hook
 from ._logs import for_log
 from ._settings import Settings
 from ._socket import ClientGone
+from ._tap import Usage
 from ._turn import Turn
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,12 @@ class AfterResponses:
 
     def start(self, node: CachedResponse | None, current: Turn, response: dict[str, Any]) -> None:
         """Start the work that follows a finished response, without waiting for it; `node`
-        is its cache entry, None for a response that failed (only the hook runs)."""
+        is its cache entry, None for a response that failed (only the hook runs).
+
+        `response` is the terminal response object the metrics read the response's usage
+        from: `current.usage` gets the same counts (`Usage.of`), so a hook bills exactly what
+        the metrics count."""
+        current.usage = Usage.of(response)
         if self.settings.on_response is None and (node is None or self.settings.renderer is None):
             return
         self.track(asyncio.create_task(self._run(node, current, response)))

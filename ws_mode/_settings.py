@@ -24,7 +24,8 @@ FullContext = Literal["always", "on_miss"]
 CacheMiss = Literal["error", "forward"]
 
 #: Called after each finished response with its Turn and the terminal response object, off the
-#: path of the next turn (accounting, logging). May be a coroutine function.
+#: path of the next turn (accounting, logging); `Turn.usage` holds the response's tokens as the
+#: metrics count them. May be a coroutine function.
 ResponseHook = Callable[[Turn, dict[str, Any]], Awaitable[None] | None]
 
 #: `handshake_headers(scope, principal)`: the headers of the handshake's answer (a mapping of

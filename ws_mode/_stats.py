@@ -15,7 +15,7 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from ._budget import MemoryBudget
@@ -37,10 +37,15 @@ TOKEN_KINDS: Final = ("input", "cached_input", "output", "reasoning")
 #: How many models get token counts of their own, the first to report usage (their names as
 #: the response objects give them, cut as log values are): a bound on the Prometheus series
 #: (4 per model) and on what a `Stats` keeps, whatever model names a handler or an upstream
-#: echoes. The models after them, and a response that names none, count under `OTHER_MODEL`.
+#: echoes. The models after them, and a response that names none, count under `OTHER_LABEL`.
 MODEL_LABELS: Final = 64
-#: The model label the tokens of the models past `MODEL_LABELS` are counted under.
-OTHER_MODEL: Final = "other"
+#: How many error codes get a count of their own, the first to be sent (cut as log values
+#: are): a bound on the Prometheus series and on what a `Stats` keeps, whatever codes a handler
+#: or an upstream puts in its errors. The codes after them count under `OTHER_LABEL`.
+ERROR_CODE_LABELS: Final = 64
+#: The label the values past a label's bound (`MODEL_LABELS`, `ERROR_CODE_LABELS`) are counted
+#: under.
+OTHER_LABEL: Final = "other"
 
 #: What a number is: one that only grows, one that goes up and down, counts by error code
 #: (`{code: count}`), the turn latency's histogram, or token counts by model and kind.
@@ -141,6 +146,17 @@ def live_stats() -> list[Stats]:
         return [stats for _serial, stats in sorted(_LIVE.items())]
 
 
+def bounded_label(value: str, labelled: Collection[str], bound: int) -> str:
+    """`value` as a label of a metric whose values come from a handler or an upstream: cut as
+    log values are (`ws_mode._logs.cut`), and `OTHER_LABEL` when it is not among `labelled`
+    (the labels counted so far) and `bound` labels other than `OTHER_LABEL` are taken. That
+    bounds the series, and what a `Stats` keeps, whatever values arrive."""
+    label = cut(value)
+    if label not in labelled and len(labelled) - (OTHER_LABEL in labelled) >= bound:
+        return OTHER_LABEL
+    return label
+
+
 def bound_label(bound: float) -> str:
     """A latency bucket's bound as text, as Prometheus's `le` label writes it: `0.005`, `1.0`,
     `+Inf`."""
@@ -200,8 +216,10 @@ class Stats:
         self._closed_evictions += evictions
 
     def error(self, code: str | None) -> None:
-        """An error event was sent to a client."""
-        self.errors[code or "unknown"] += 1
+        """An error event was sent to a client: counted under its code (`unknown` for none),
+        at most `ERROR_CODE_LABELS` of them (`bounded_label`)."""
+        errors = self.errors
+        errors[bounded_label(code or "unknown", errors, ERROR_CODE_LABELS)] += 1
 
     def turn_finished(self, seconds: float, *, failed: bool) -> None:
         """A handler call ended after `seconds` (from its start to its terminal event)."""
@@ -213,12 +231,10 @@ class Stats:
     def count_tokens(self, model: str | None, usage: Usage) -> None:
         """A response ended reporting `usage`; `model` is the model its response object names."""
         tokens = self._tokens
-        label = cut(model) if model is not None else OTHER_MODEL
+        label = bounded_label(model, tokens, MODEL_LABELS) if model is not None else OTHER_LABEL
         counts = tokens.get(label)
         if counts is None:
-            if len(tokens) - (OTHER_MODEL in tokens) >= MODEL_LABELS:
-                label = OTHER_MODEL
-            counts = tokens.setdefault(label, [0, 0, 0, 0])
+            counts = tokens[label] = [0, 0, 0, 0]
         input_tokens, cached_tokens, output_tokens, reasoning_tokens = usage
         counts[0] += input_tokens
         counts[1] += cached_tokens

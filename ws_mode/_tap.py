@@ -185,8 +185,11 @@ class Usage(NamedTuple):
     """The tokens one response used, as its `usage` reports them: `input_tokens` (of which
     `cached_tokens` were read from the provider's cache: `input_tokens_details.cached_tokens`)
     and `output_tokens` (of which `reasoning_tokens` reasoned:
-    `output_tokens_details.reasoning_tokens`). A count missing, negative or not an integer is
-    0."""
+    `output_tokens_details.reasoning_tokens`). A count missing, null, negative, not an integer
+    (a float, a string, a bool) or past 2**53 is 0.
+
+    The metrics, the spans and the access log count these, and an `on_response` hook gets the
+    same as `Turn.usage`: what it bills is what they count."""
 
     input_tokens: int = 0
     cached_tokens: int = 0

@@ -13,6 +13,7 @@ from ._cache import VALUE_OVERHEAD, CachedResponse, decoded_size
 from ._client_events import CreateEvent
 from ._items import ADDITIONAL_TOOLS, Items, declared_tools, with_input
 from ._steering import SteerInbox
+from ._tap import Usage
 from ._tokens import Tokens
 
 SCOPE_KEY = "ws_mode"
@@ -41,6 +42,9 @@ class Turn:
 
     With a `renderer`, `prefix_tokens` holds the rendered context before this turn (never
     re-rendered) and `new_tokens` this turn's new input, rendered once.
+
+    `usage` is what this turn's response used, read from its terminal response object as the
+    metrics count it (`Usage.of`), once the response ended: what an `on_response` hook bills.
     """
 
     __slots__ = (
@@ -61,6 +65,7 @@ class Turn:
         "tool_artifacts",
         "tools_changed",
         "tools_digest",
+        "usage",
     )
 
     def __init__(
@@ -97,6 +102,9 @@ class Turn:
         #: What the middleware's `authenticate` hook returned for this connection.
         self.principal = principal
         self.prefix_tokens: Tokens | None = None
+        #: The tokens this turn's response used, as the metrics count them; None until it
+        #: ended (set before `on_response` runs), and when it reported no usage.
+        self.usage: Usage | None = None
         #: The steering input queued for this turn's response (None: steering is off).
         self.steering = steering
         #: Where `send_event` hands events while the handler call runs (None otherwise).

@@ -14,7 +14,8 @@ any ASGI app; `ws-mode serve --metrics /metrics` and `ws-mode proxy --metrics /m
 
 Every metric is made from the table of `Stats.snapshot()`'s keys (`ws_mode._stats.METRICS`):
 a counter or gauge under `{prefix}_{key}`, the error events as the counter `{prefix}_errors`
-labelled by `code`, the turn latency as the histogram `{prefix}_turn_seconds`, the tokens as
+labelled by `code` (at most `ws_mode._stats.ERROR_CODE_LABELS` of them, cut as log values
+are, then `other`), the turn latency as the histogram `{prefix}_turn_seconds`, the tokens as
 the counter `{prefix}_tokens` labelled by `model` (at most `ws_mode._stats.MODEL_LABELS` of
 them, then `other`) and `kind` (`input`, `cached_input`, `output`, `reasoning`).
 """

@@ -81,6 +81,7 @@ HANDED_OUT: frozenset[object] = frozenset(
         ws_mode.Turn,
         ws_mode.CachedResponse,
         ws_mode.Tokens,
+        ws_mode.Usage,
         ws_mode.WSModeError,
         ws_mode.ConfigError,
         Stats,

@@ -25,11 +25,13 @@ from starlette.routing import Route
 
 from ws_mode import ConfigError, Limits, MemoryStore, WebSocketModeMiddleware, find_middlewares
 from ws_mode._asgi import Receive, Scope, Send
+from ws_mode._logs import LOG_VALUE_CHARS, cut
 from ws_mode._stats import (
+    ERROR_CODE_LABELS,
     LATENCY_BUCKETS,
     METRICS,
     MODEL_LABELS,
-    OTHER_MODEL,
+    OTHER_LABEL,
     TOKEN_KINDS,
     live_stats,
 )
@@ -197,11 +199,75 @@ def test_tokens_are_counted_by_model_and_kind_under_a_bounded_set_of_model_label
     assert len(models) == MODEL_LABELS + 1
     assert "echoed-62" in models
     assert "echoed-63" not in models
-    assert counted[OTHER_MODEL, "input"] == 4 + 7
-    assert counted[OTHER_MODEL, "output"] == 4
+    assert counted[OTHER_LABEL, "input"] == 4 + 7
+    assert counted[OTHER_LABEL, "output"] == 4
     assert sum(count for (_m, kind), count in counted.items() if kind == "input") == (
         110 + MODEL_LABELS + 3 + 7
     )
+
+
+def test_error_codes_are_counted_under_a_bounded_set_of_cut_code_labels() -> None:
+    # A handler or an upstream failing with codes of its own making, each new and 1,000
+    # characters long: unbounded, 20,000 of them made 20,000 series and a 20 MiB scrape.
+    middleware = WebSocketModeMiddleware(Starlette())
+    stats = middleware.stats
+    stats.error("invalid_json")
+    made_up = [f"{index:05d}-" + "x" * 994 for index in range(20_000)]
+    for code in made_up:
+        stats.error(code)
+    stats.error("invalid_json")  # a code with a label already keeps counting under it
+    stats.error("previous_response_not_found")  # a new code past the bound: `other`
+    text = generate_latest(registered(middleware))
+    errors = scrape_text(text.decode())["ws_mode_errors"]
+    counted = {
+        sample.labels["code"]: sample.value
+        for sample in errors.samples
+        if sample.name == "ws_mode_errors_total"
+    }
+    assert len(counted) == ERROR_CODE_LABELS + 1  # the first codes, then `other`
+    assert counted["invalid_json"] == 2
+    assert counted[OTHER_LABEL] == len(made_up) - (ERROR_CODE_LABELS - 1) + 1
+    assert sum(counted.values()) == len(made_up) + 3
+    # Each label is cut as a log value is: its start, and how long it was.
+    assert cut(made_up[0]) in counted
+    assert made_up[0] not in counted
+    assert max(len(code) for code in counted) == len(cut(made_up[0])) < LOG_VALUE_CHARS + 30
+    assert stats.snapshot()["errors"] == counted
+    # The scrape holds a bounded number of series of bounded length: 20,000 codes' worth
+    # would be over 20 MB.
+    assert len(text) < (ERROR_CODE_LABELS + 1) * (LOG_VALUE_CHARS + 200) + 20_000
+
+
+async def fail_with_a_code_of_its_own(request: Request) -> JSONResponse:
+    """A handler answering each request with an error whose code it makes up from the input,
+    1,000 characters long (an upstream's error passed on as it came)."""
+    body = await request.json()
+    code = f"{body['input']}-" + "x" * 1_000
+    error = {"type": "invalid_request_error", "code": code, "message": "refused"}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def test_error_codes_a_real_handler_makes_up_are_bounded_in_a_scrape_over_http() -> None:
+    app = FastAPI()
+    app.post("/v1/responses")(fail_with_a_code_of_its_own)
+    app.add_middleware(WebSocketModeMiddleware)
+    (middleware,) = find_middlewares(app)
+    middleware.stats.name = "made-up-codes"
+    served = with_metrics(app, registry=CollectorRegistry())
+    turns = ERROR_CODE_LABELS + 40
+    with ServerThread(served, lifespan="on") as origin, connect(origin) as socket:
+        # One socket, the creates sent at once: the lane answers them in order.
+        for index in range(turns):
+            socket.send({"type": "response.create", "model": "m", "input": f"turn-{index}"})
+        codes = [socket.receive(timeout=10)["error"]["code"] for _ in range(turns)]
+        samples = scraped(origin, "made-up-codes")["ws_mode_errors_total"]
+    # The client heard every code whole; the metric counts them all, under bounded labels.
+    assert codes == [f"turn-{index}-" + "x" * 1_000 for index in range(turns)]
+    assert len(samples) == ERROR_CODE_LABELS + 1
+    assert samples[f"code={OTHER_LABEL}"] == turns - ERROR_CODE_LABELS
+    assert sum(samples.values()) == turns
+    assert f"code={cut(codes[0])}" in samples
+    assert all(len(label) <= len("code=") + len(cut(codes[0])) for label in samples)
 
 
 def test_a_prefix_names_every_metric() -> None:

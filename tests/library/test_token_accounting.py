@@ -8,18 +8,22 @@ HTTP (the openai SDK, the client keeping the history).
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import httpx
 import openai
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from websockets.sync.client import ClientConnection, connect
 
@@ -419,3 +423,181 @@ def test_a_usage_is_read_as_counts_and_nonsense_counts_nothing(
     if read is not None:
         stats.count_tokens("m", read)
     assert_json_safe(stats.snapshot())
+
+
+# --- the billing recipe against usage as handlers and upstreams really send it ---------------
+
+#: A token count as handlers and upstreams send it: an integer (negative, past 2^53 too), or
+#: none at all (`null`, which real servers send for `cached_tokens`), a string, a float
+#: (`1e300`), a bool, a list.
+ODD_COUNTS = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.just(2**53),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=3),
+    st.just("12"),
+    st.sampled_from([1e300, -1e300, 1.5, 12.0, -0.0]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def odd_details(key: str) -> st.SearchStrategy[Any]:
+    """A `usage`'s `..._details`: an object that may hold its count, or anything else."""
+    return st.one_of(
+        st.fixed_dictionaries({}, optional={key: ODD_COUNTS}),
+        st.none(),
+        st.just("details"),
+        st.lists(st.integers(), max_size=2),
+    )
+
+
+#: A response object with no `usage` at all.
+NO_USAGE: Final = "no usage"
+#: A response's `usage` as it may come: absent, null, no object, or an object whose counts
+#: and details are any of the above.
+ODD_USAGES = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "input_tokens": ODD_COUNTS,
+            "input_tokens_details": odd_details("cached_tokens"),
+            "output_tokens": ODD_COUNTS,
+            "output_tokens_details": odd_details("reasoning_tokens"),
+            "total_tokens": ODD_COUNTS,
+        },
+    ),
+    st.none(),
+    st.just("usage"),
+    st.just(NO_USAGE),
+)
+
+#: `"cached_tokens": null`, as real servers send it.
+NULL_CACHED: Final = {
+    "input_tokens": 30,
+    "input_tokens_details": {"cached_tokens": None},
+    "output_tokens": 15,
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
+#: A string, `1e300`, a negative number and a bool: each counts 0.
+ODDITIES: Final = {
+    "input_tokens": "30",
+    "input_tokens_details": {"cached_tokens": 1e300},
+    "output_tokens": -15,
+    "output_tokens_details": {"reasoning_tokens": True},
+}
+
+#: One turn the handler answers: its usage, the response's status, streamed (SSE) or not.
+ODD_TURNS = st.tuples(
+    ODD_USAGES, st.sampled_from(["completed", "incomplete", "failed"]), st.booleans()
+)
+
+
+class OddUsage:
+    """A handler answering each request with the usage, status and form the test set for its
+    `input` (`script`): a JSON response object, or the SSE stream of one."""
+
+    def __init__(self) -> None:
+        self.script: dict[str, tuple[Any, str, bool]] = {}
+        self.numbers = itertools.count()
+
+    async def answer(self, request: Request) -> Response:
+        body = await request.json()
+        [item] = body["input"]
+        usage, status, streamed = self.script[item["content"]]
+        response: dict[str, Any] = {
+            "id": f"resp_{next(self.numbers)}", "object": "response", "status": status,
+            "model": MODEL, "output": [],
+        }  # fmt: skip
+        if usage != NO_USAGE:
+            response["usage"] = usage
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if status == "failed":
+            response["error"] = {"code": "server_error", "message": "The model failed."}
+        if not streamed:
+            return Response(json.dumps(response), media_type="application/json")
+        started = {**response, "status": "in_progress", "usage": None}
+        events = [("response.created", started), (f"response.{status}", response)]
+        stream = "".join(
+            f"event: {kind}\ndata: {json.dumps({'type': kind, 'response': data})}\n\n"
+            for kind, data in events
+        )
+        return Response(stream, media_type="text/event-stream")
+
+
+def test_the_billing_recipe_bills_exactly_what_the_metrics_count_whatever_the_usage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handler = OddUsage()
+    app = Starlette(routes=[Route("/v1/responses", handler.answer, methods=["POST"])])
+    namespace: dict[str, Any] = {"app": app, "authenticate": authenticate}
+    exec(recipe(), namespace)  # the recipe as docs/operations.md gives it
+    billed: dict[str, Counter[str]] = namespace["billed"]
+    bill = namespace["bill"]
+    called = [0]
+
+    async def bill_counting_calls(turn: Any, response: dict[str, Any]) -> None:
+        # The recipe's hook, and how many times it ran (raising or not).
+        try:
+            await bill(turn, response)
+        finally:
+            called[0] += 1
+
+    [entry] = app.user_middleware
+    entry.kwargs["on_response"] = bill_counting_calls
+    [middleware] = find_middlewares(app)
+    middleware.stats.name = "odd-usage"
+    served = with_metrics(app, registry=CollectorRegistry())
+    sent = itertools.count(1)
+    turns = [0]
+
+    def metrics() -> dict[str, int]:
+        tokens = middleware.stats.snapshot()["tokens"]
+        return {kind: tokens[kind] for kind in TOKEN_KINDS}
+
+    def billed_totals() -> dict[str, int]:
+        return {kind: sum(billed[who][kind] for who in billed) for kind in TOKEN_KINDS}
+
+    caplog.set_level(logging.INFO, logger="ws_mode")
+    with (
+        serve(served) as base,
+        connect(
+            base.replace("http", "ws") + "/v1/responses",
+            additional_headers={"Authorization": "Bearer sk-team-a"},
+        ) as ws,
+    ):
+
+        @settings(max_examples=40)
+        @given(st.lists(ODD_TURNS, min_size=1, max_size=3))
+        # `"cached_tokens": null`, as real servers send it: the old recipe billed the input
+        # (30), raised before the output (15), and logged a traceback.
+        @example([(NULL_CACHED, "completed", True)])
+        @example([(ODDITIES, "completed", False), (ODDITIES, "failed", True)])
+        def bill_turns(script: list[tuple[Any, str, bool]]) -> None:
+            # What this example adds, so that a failing example fails alone (and shrinks).
+            counted_before, billed_before = metrics(), billed_totals()
+            for usage, status, streamed in script:
+                text = f"turn-{next(sent)}"
+                handler.script[text] = (usage, status, streamed)
+                ws.send(json.dumps({"type": "response.create", **FIELDS, "input": [user(text)]}))
+                terminal = read_turn(ws, [])
+                assert terminal["type"] == f"response.{status}", terminal
+                turns[0] += 1
+            until(lambda: called[0] == turns[0])  # the hook ran for every response
+            counted_now, billed_now = metrics(), billed_totals()
+            assert {kind: billed_now[kind] - billed_before[kind] for kind in TOKEN_KINDS} == {
+                kind: counted_now[kind] - counted_before[kind] for kind in TOKEN_KINDS
+            }
+
+        bill_turns()
+        scrape = httpx.get(f"{base}/metrics", timeout=RECV).text
+    assert turns[0] > 0
+    # The metrics over HTTP say what Stats says: the billed totals.
+    assert scraped(scrape, "odd-usage") == {
+        (MODEL, kind): float(count) for kind, count in billed_totals().items()
+    }
+    # The hook never raised: no traceback, no failed post-response work.
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert failures == [], [r.getMessage() for r in failures]
