@@ -219,3 +219,23 @@ def json_answer(
         ],
     }
     return [start, {"type": f"{kind}.body", "body": body}]
+
+
+def echoed_tool(tool: Any) -> Any:
+    """A request's tool as a response object echoes it. A function tool gets every field
+    OpenAI reports: ``description`` and ``parameters`` (null when not given) and ``strict``
+    (true unless the request says false), a strict object schema closed with
+    ``additionalProperties: false``; any other tool as it came."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    strict = tool.get("strict") is not False
+    parameters = tool.get("parameters")
+    if (
+        strict
+        and isinstance(parameters, dict)
+        and parameters.get("type") == "object"
+        and "additionalProperties" not in parameters
+    ):
+        parameters = {**parameters, "additionalProperties": False}
+    return {**tool, "description": tool.get("description"), "parameters": parameters,
+            "strict": strict}  # fmt: skip

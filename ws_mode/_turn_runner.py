@@ -36,6 +36,7 @@ from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
 from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
+    echoed_tool,
     encode_event,
     error_event,
     memory_budget_exceeded,
@@ -485,25 +486,7 @@ class TurnRunner:
         authorized its content: it is never written to the store by itself, only with the
         first generated response that continues from it (whose context the handler saw).
         """
-        fields = create.fields
-        response: dict[str, Any] = {
-            "id": "resp_" + secrets.token_hex(16),
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "model": fields.get("model"),
-            "output": [],
-            "previous_response_id": create.previous_response_id,
-            "instructions": fields.get("instructions"),
-            "tools": fields.get("tools") or [],
-            "tool_choice": fields.get("tool_choice", "auto"),
-            "parallel_tool_calls": fields.get("parallel_tool_calls", True),
-            "store": fields.get("store") is not False,
-            "metadata": fields.get("metadata") or {},
-            "usage": None,
-            "error": None,
-            "incomplete_details": None,
-        }
+        response = warm_up_response(create.fields, create.previous_response_id)
         node = CachedResponse(
             id=response["id"],
             response=response,
@@ -669,6 +652,59 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
         )
     logger.error("preparing a WebSocket mode turn failed", exc_info=exc)
     return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
+
+
+def warm_up_response(fields: dict[str, Any], previous_response_id: str | None) -> dict[str, Any]:
+    """The response a `generate: false` warm-up answers with: completed at once, no output,
+    no usage, and every field a response object has (the Open Responses schema requires them
+    all), the request's settings echoed and OpenAI's defaults where it has none."""
+    created = int(time.time())
+
+    def given(key: str, default: Any) -> Any:
+        value = fields.get(key)
+        return default if value is None else value
+
+    text = {"format": {"type": "text"}, "verbosity": "medium"}
+    if isinstance(fields.get("text"), dict):
+        text |= {key: value for key, value in fields["text"].items() if value is not None}
+    reasoning = {"effort": None, "summary": None}
+    if isinstance(fields.get("reasoning"), dict):
+        reasoning |= fields["reasoning"]
+    tier = fields.get("service_tier")
+    return {
+        "id": "resp_" + secrets.token_hex(16),
+        "object": "response",
+        "created_at": created,
+        "completed_at": created,
+        "status": "completed",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": fields.get("instructions"),
+        "max_output_tokens": fields.get("max_output_tokens"),
+        "max_tool_calls": fields.get("max_tool_calls"),
+        "model": fields.get("model"),
+        "output": [],
+        "parallel_tool_calls": given("parallel_tool_calls", True),
+        "previous_response_id": previous_response_id,
+        "prompt_cache_key": fields.get("prompt_cache_key"),
+        "reasoning": reasoning,
+        "safety_identifier": fields.get("safety_identifier"),
+        "service_tier": "default" if tier in (None, "auto") else tier,
+        "store": fields.get("store") is not False,
+        "temperature": given("temperature", 1.0),
+        "text": text,
+        "tool_choice": given("tool_choice", "auto"),
+        "tools": [echoed_tool(tool) for tool in fields.get("tools") or []],
+        "top_logprobs": given("top_logprobs", 0),
+        "top_p": given("top_p", 1.0),
+        "presence_penalty": given("presence_penalty", 0.0),
+        "frequency_penalty": given("frequency_penalty", 0.0),
+        "truncation": given("truncation", "disabled"),
+        "usage": None,
+        "user": fields.get("user"),
+        "metadata": fields.get("metadata") or {},
+    }
 
 
 def _storable(create: CreateEvent, response: dict[str, Any]) -> bool:

@@ -127,15 +127,17 @@ class Turn:
 Step = dict[str, Any] | Callable[[list[Turn]], dict[str, Any]]
 
 
-def session(base: str, steps: list[Step]) -> list[Turn]:
+def session(base: str, steps: list[Step], *, http_only: bool = False) -> list[Turn]:
     """One socket; each step's ``response.create`` (a body, or made from the turns before it)
-    sent once the previous turn ended."""
+    sent once the previous turn ended. The suite's creates carry no HTTP-only field; with
+    ``http_only`` they may (Codex sends ``stream`` on the socket)."""
     turns: list[Turn] = []
     with connect(base, open_timeout=TIMEOUT) as socket:
         for step in steps:
             body = step(turns) if callable(step) else step
             body = {"type": "response.create", "model": MODEL, **body}
-            assert not HTTP_ONLY & set(body), "a socket create carries no HTTP-only field"
+            if not http_only:
+                assert not HTTP_ONLY & set(body), "a socket create carries no HTTP-only field"
             socket.send(body)
             turns.append(Turn(body, socket.receive_turn(timeout=TIMEOUT)))
     return turns

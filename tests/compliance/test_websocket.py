@@ -1,6 +1,7 @@
-"""The seven WebSocket cases of the Open Responses compliance suite, as our own tests, over a
-real socket: against ``ws-mode serve`` (whole history every turn, and ``on_miss``) and against
-``ws-mode proxy`` in front of the plain-HTTP reference server.
+"""The WebSocket cases of the Open Responses compliance suite (seven, and the eighth of a newer
+version: a ``generate: false`` warm-up), as our own tests, over a real socket: against
+``ws-mode serve`` (whole history every turn, and ``on_miss``) and against ``ws-mode proxy`` in
+front of the plain-HTTP reference server.
 
 A turn ends at its terminal event (a response event or an error event); every event of a turn
 that must succeed is checked against the schema, the WebSocket error envelope included.
@@ -12,6 +13,7 @@ from typing import Any
 
 from tests.compliance.helpers import (
     MODEL,
+    WEATHER_TOOL,
     Turn,
     compact,
     completed,
@@ -133,3 +135,37 @@ def test_websocket_compact_new_chain(base: str) -> None:
     # The new chain reads the compacted context as the whole one: the same answer.
     (full,) = session(base, [{"store": False, "input": [*history, follow_up], "tools": []}])
     assert response["output"] == full.valid()["output"]
+
+
+def test_websocket_warmup_generate_false(base: str) -> None:
+    warm, answered = session(
+        base,
+        [
+            {"store": False, "generate": False, "input": "The password is slate.",
+             "tools": [WEATHER_TOOL]},
+            _continue("What is the password? Answer with it alone."),
+        ],
+    )  # fmt: skip
+    # A warm-up: a response created and completed at once, with no output, that a
+    # continuation builds on.
+    warmed = warm.valid()
+    assert [event["type"] for event in warm.events] == ["response.created", "response.completed"]
+    assert warmed["status"] == "completed"
+    assert warmed["output"] == []
+    response = answered.valid()
+    completed(response)
+    assert response["previous_response_id"] == warmed["id"]
+
+
+def test_a_socket_create_may_carry_stream_as_codex_sends_it(base: str) -> None:
+    # One version of the suite's schema refuses `stream` in a socket's response.create; Codex
+    # always sends it, so a server takes it (and the socket streams either way).
+    turns = session(
+        base,
+        [{"store": False, "stream": True, "input": "Count to three."},
+         {"store": False, "stream": False, "input": "Count to two."}],
+        http_only=True,
+    )  # fmt: skip
+    for turn in turns:
+        completed(turn.valid())
+        assert turn.events[0]["type"] == "response.created"

@@ -12,6 +12,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ws_mode._protocol import echoed_tool
 from ws_mode._sse import encode_sse
 
 from .model import ReferenceConfig, argument_chunks, delta_tokens, text_deltas
@@ -67,7 +68,7 @@ def response_object(
         "temperature": _default(body, "temperature", 1.0),
         "text": _text(body.get("text")),
         "tool_choice": _default(body, "tool_choice", "auto"),
-        "tools": [_tool(tool) for tool in parsed.tools or ()],
+        "tools": [echoed_tool(tool) for tool in parsed.tools or ()],
         "top_logprobs": _default(body, "top_logprobs", 0),
         "top_p": _default(body, "top_p", 1.0),
         "presence_penalty": _default(body, "presence_penalty", 0.0),
@@ -96,29 +97,6 @@ def _text(requested: dict[str, Any] | None) -> dict[str, Any]:
         if value is not None:
             text[key] = value
     return text
-
-
-def _tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool as echoed. A function tool gets every field OpenAI reports: ``description`` and
-    ``parameters`` (null when not given) and ``strict`` (true unless the request says false),
-    a strict object schema closed with ``additionalProperties: false``."""
-    if tool.get("type") != "function":
-        return tool
-    strict = tool.get("strict") is not False
-    parameters = tool.get("parameters")
-    if (
-        strict
-        and isinstance(parameters, dict)
-        and parameters.get("type") == "object"
-        and "additionalProperties" not in parameters
-    ):
-        parameters = {**parameters, "additionalProperties": False}
-    return {
-        **tool,
-        "description": tool.get("description"),
-        "parameters": parameters,
-        "strict": strict,
-    }
 
 
 def usage(input_tokens: int, produced: int) -> dict[str, Any]:
