@@ -8,6 +8,7 @@ the principal, never the principal itself::
 
     {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
     {prefix}:{<principal digest>}:c:<chain id>     ->  a hash: response id -> record bytes
+                                                       (encrypted with `encryption_keys`)
     {prefix}:{<principal digest>}:p:<response id>  ->  "being written" (`mark_pending`)
 
 and, while a bound per principal is set (`limit_principal_bytes`, which the middleware sets
@@ -259,7 +260,10 @@ class RedisStore:
     wrong, and where) or `TimeoutError`. With `wait_replicas`, a write lands only once that
     many replicas confirmed it (Redis `WAIT`), so a failover does not lose it; the URL can say
     it instead (`redis://host:6379/0?wait_replicas=1`, for a store named by its URL alone), and
-    a keyword that disagrees with the URL is a ValueError naming both.
+    a keyword that disagrees with the URL is a ValueError naming both. With `encryption_keys`
+    (newest first; or `?encryption_keys_env=NAME`, the environment variable holding them) every
+    record is encrypted at rest (`ws_mode._encryption`); a record that cannot be read is not
+    stored, with a warning.
     """
 
     def __init__(

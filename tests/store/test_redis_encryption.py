@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import re
 import secrets
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from tests.servers import serve, ws_mode_serve
 from tests.store_kit import ClosingStore, answers, stored_record, turn, who
 from ws_mode import ConfigError, WebSocketModeMiddleware
 from ws_mode._encryption import key_id
+from ws_mode._install import install_hint
 from ws_mode.redis_store import RedisStore
 from ws_mode.toolkit.cli import main
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
@@ -336,3 +339,15 @@ def test_ws_mode_serve_takes_the_keys_from_the_variable_its_store_url_names(
         said = capsys.readouterr().err
         assert "argument --store: the environment variable WS_MODE_STORE_KEYS" in said, said
         assert "is unset" in said
+
+
+def test_without_cryptography_the_error_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cryptography is imported on first use, only by a store given keys: without it, making
+    one is an ImportError with the install hint of the encryption extra; a store without keys
+    never imports it."""
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
+    with pytest.raises(ImportError, match=re.escape(install_hint("encryption"))):
+        RedisStore("redis://127.0.0.1:1/0", encryption_keys=[KEY_A])
+    assert RedisStore("redis://127.0.0.1:1/0").encryption_key_ids == ()

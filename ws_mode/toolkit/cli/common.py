@@ -135,7 +135,9 @@ def add_server_arguments(
         "TLS, unix:///PATH), a Redis Cluster (redis+cluster://HOST:PORT[,HOST:PORT...]) or "
         "the master Sentinels follow (redis+sentinel://HOST:26379[,...]/SERVICE[/DB]); "
         "?wait_replicas=N in the URL: a write counts once N replicas have it (not on a "
-        "cluster); docs/store.md (default: none)",
+        "cluster); ?encryption_keys_env=NAME: records encrypted at rest with the keys in the "
+        "environment variable NAME (base64, comma-separated, newest first; the encryption "
+        "extra); docs/store.md (default: none)",
     )
     parser.add_argument(
         "--start-degraded",
