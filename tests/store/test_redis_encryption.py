@@ -200,6 +200,44 @@ def test_keys_rotate_mid_traffic(server: RedisServer, caplog: pytest.LogCaptureF
         assert event["type"] == "response.completed", event
 
 
+@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plain"])
+def test_a_conversation_copied_into_another_principals_keys_does_not_continue(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, encrypted: bool
+) -> None:
+    """Someone with write access to Redis copies alice's conversation (its index and its
+    chain's hash) into bob's keys: bob continuing it gets previous_response_not_found and the
+    log one WARNING, since each record is bound to its principal; a plain store (the control)
+    would hand alice's conversation to bob."""
+    prefix = f"steal-{encrypted}-{secrets.token_hex(3)}"
+    keys = {"encryption_keys": [KEY_A]} if encrypted else {}
+    store = RedisStore(server.url, prefix=prefix, **keys)  # type: ignore[arg-type]
+    with workers(store) as (origin,):
+        mine = turn(origin, "alice", input="Alice's secret plan.")["response"]
+        theirs = turn(origin, "bob", input="Bob's own.")["response"]
+        client: Any = redis.Redis.from_url(server.url)
+        try:
+            (index,) = client.keys(f"{prefix}:*:r:{mine['id']}")
+            (bobs,) = client.keys(f"{prefix}:*:r:{theirs['id']}")
+            alice_scope = index.decode().rsplit(":r:", 1)[0]
+            bob_scope = bobs.decode().rsplit(":r:", 1)[0]
+            chain = client.hgetall(f"{alice_scope}:c:{mine['id']}")
+            client.set(f"{bob_scope}:r:{mine['id']}", mine["id"])
+            client.hset(f"{bob_scope}:c:{mine['id']}", mapping=chain)
+        finally:
+            client.close()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            event = turn(origin, "bob", input=answers(mine), previous_response_id=mine["id"])
+        lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    if encrypted:
+        assert event["error"]["code"] == "previous_response_not_found", event
+        assert len(lines) == 1, lines
+        assert "failed authentication" in lines[0]
+    else:
+        assert event["type"] == "response.completed", event
+        assert lines == []
+
+
 @pytest.mark.anyio
 async def test_a_record_copied_or_tampered_with_is_a_clean_miss_with_one_warning(
     server: RedisServer, caplog: pytest.LogCaptureFixture
