@@ -23,7 +23,7 @@ import redis
 
 from tests.redis_server import RedisServer
 from tests.servers import serve, ws_mode_serve
-from tests.store_kit import ClosingStore, answers, stored_record, turn, who
+from tests.store_kit import ClosingStore, answers, stored_record, turn, wait_for, who
 from ws_mode import ConfigError, WebSocketModeMiddleware
 from ws_mode._encryption import key_id
 from ws_mode._install import install_hint
@@ -73,6 +73,15 @@ def everything_in(server: RedisServer, prefix: str) -> bytes:
 def readable(marker: str, held: bytes) -> bool:
     """Whether `marker` is in `held`, as it is or JSON-escaped (inside a stored string)."""
     return marker.encode() in held or orjson.dumps(marker)[1:-1] in held
+
+
+def written(client: Any, pattern: str) -> bytes:
+    """The one key matching `pattern`, once the write that makes it landed (writes finish after
+    the terminal event)."""
+    assert wait_for(lambda: len(client.keys(pattern)) == 1), pattern
+    (key,) = client.keys(pattern)
+    assert isinstance(key, bytes)
+    return key
 
 
 def spoken(response: dict[str, Any]) -> list[str]:
@@ -175,7 +184,8 @@ def test_keys_rotate_mid_traffic(server: RedisServer, caplog: pytest.LogCaptureF
         # A worker still on [A] cannot read B's record: a miss, never a crash.
         assert third["error"]["code"] == "previous_response_not_found", third
         client: Any = redis.Redis.from_url(server.url)
-        (chain_key,) = client.keys(f"{prefix}:*:c:{first['id']}")
+        chain_key = written(client, f"{prefix}:*:c:{first['id']}")
+        assert wait_for(lambda: client.hlen(chain_key) == 2)
         chain = client.hgetall(chain_key)
         client.close()
         heads = {rid.decode(): value.split(b"\n", 1)[0] for rid, value in chain.items()}
@@ -216,8 +226,8 @@ def test_a_conversation_copied_into_another_principals_keys_does_not_continue(
         theirs = turn(origin, "bob", input="Bob's own.")["response"]
         client: Any = redis.Redis.from_url(server.url)
         try:
-            (index,) = client.keys(f"{prefix}:*:r:{mine['id']}")
-            (bobs,) = client.keys(f"{prefix}:*:r:{theirs['id']}")
+            index = written(client, f"{prefix}:*:r:{mine['id']}")
+            bobs = written(client, f"{prefix}:*:r:{theirs['id']}")
             alice_scope = index.decode().rsplit(":r:", 1)[0]
             bob_scope = bobs.decode().rsplit(":r:", 1)[0]
             chain = client.hgetall(f"{alice_scope}:c:{mine['id']}")
