@@ -26,6 +26,15 @@ time. Interleaved in one run, it measures:
 measured, the ratios (:meth:`StoreBenchReport.ratios`) and the store's counters against what the
 run expects of them, and prints as text or JSON: measurements and ratios only (the project's goals
 for them are in benchmarks/NOTEBOOK.md). Needs the ``cli`` and ``redis`` extras.
+
+``--encryption`` measures instead what encrypting the records at rest costs per stored turn
+(:func:`measure_encryption`, needs the ``encryption`` extra): in this process, two
+``RedisStore`` on the same Redis, one with an encryption key and one without, each writing a
+``--turns`` conversation record by record (each ``put`` awaited, as a stored turn's write) and
+then hydrating it (``get_ancestors`` of its last response), the order alternated each
+repetition: per stored turn, the write's and the hydration's wall time, the process's CPU time
+(the record's encoding and encryption, redis-py's work), and the bytes Redis keeps; the ratios
+encrypted/plain.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.exceptions import InvalidHandshake
 
-from ws_mode import FullContext
+from ws_mode import FullContext, StoredResponse
 from ws_mode.testing._client import AsyncSocket, SyncSocket, connect, connect_async
 from ws_mode.testing._loopback import (
     ServerStartError,
@@ -78,11 +87,13 @@ __all__ = [
     "BACKLOG",
     "PATHS",
     "STATS_PATH",
+    "EncryptionReport",
     "StoreBenchError",
     "StoreBenchOptions",
     "StoreBenchReport",
     "build_store_app",
     "main",
+    "measure_encryption",
     "run",
     "serve",
 ]
@@ -530,6 +541,156 @@ def run(options: StoreBenchOptions) -> StoreBenchReport:
     return report
 
 
+# ----------------------------------------------------------------------------- encryption
+
+
+@dataclass
+class EncryptionReport:
+    """What encrypting records at rest costs per stored turn (:func:`measure_encryption`): per
+    mode (``plain``, ``encrypted``), medians over the repetitions."""
+
+    options: dict[str, Any]
+    write: dict[str, float] = field(default_factory=dict)  # per stored turn: its put
+    hydration: dict[str, float] = field(default_factory=dict)  # per turn of the conversation
+    cpu: dict[str, float] = field(default_factory=dict)  # this process's CPU per stored turn
+    record_bytes: dict[str, float] = field(default_factory=dict)  # what Redis keeps per record
+
+    def ratios(self) -> dict[str, float]:
+        """Encrypted / plain, for each measurement."""
+        return {
+            name: values["encrypted"] / values["plain"] if values.get("plain") else 0.0
+            for name, values in (
+                ("write", self.write),
+                ("hydration", self.hydration),
+                ("cpu", self.cpu),
+                ("record_bytes", self.record_bytes),
+            )
+        }
+
+    def text(self) -> str:
+        """The report as the command prints it."""
+        o, r, ms = self.options, self.ratios(), format_seconds
+        rows = [
+            f"  {mode:<10}{ms(self.write[mode]):>11}{ms(self.hydration[mode]):>12}"
+            f"{ms(self.cpu[mode]):>11}{format_bytes(self.record_bytes[mode]):>11}"
+            for mode in ("plain", "encrypted")
+        ]
+        return "\n".join(
+            [
+                f"benchmarks.store --encryption: RedisStore with an encryption key (AES-256-GCM) "
+                f"against none, per stored turn; conversations of {o['turns']} turns, "
+                f"{format_bytes(o['tool_output_bytes'])} tool outputs; medians of {o['repeat']} "
+                "repetitions, interleaved.",
+                "",
+                f"  {'records':<10}{'write':>11}{'hydration':>12}{'CPU':>11}{'in Redis':>11}",
+                *rows,
+                f"  {'ratio':<10}{r['write']:>11.3f}{r['hydration']:>12.3f}{r['cpu']:>11.3f}"
+                f"{r['record_bytes']:>11.3f}",
+            ]
+        )
+
+
+def _records(turns: int, tool_output_bytes: int) -> list[StoredResponse]:
+    """A conversation as its records: each turn a tool output in, a call and a message out, the
+    response object; about what the reference server's rollout stores."""
+    chain = f"resp_{secrets.token_hex(16)}"
+    records: list[StoredResponse] = []
+    for turn in range(turns):
+        response_id = chain if turn == 0 else f"resp_{secrets.token_hex(16)}"
+        output = secrets.token_urlsafe(tool_output_bytes)[:tool_output_bytes]
+        item = {"type": "function_call_output", "call_id": f"call_{turn}", "output": output}
+        call = {
+            "type": "function_call", "id": f"fc_{turn}", "call_id": f"call_{turn + 1}",
+            "name": "lookup", "arguments": orjson.dumps({"step": turn}).decode(),
+        }  # fmt: skip
+        response = {
+            "id": response_id, "object": "response", "status": "completed",
+            "model": "reference", "output": [call], "usage": {"total_tokens": 100},
+        }  # fmt: skip
+        records.append(
+            StoredResponse(
+                id=response_id,
+                parent_id=records[-1].id if records else None,
+                chain_id=chain,
+                input=orjson.dumps(item),
+                output=orjson.dumps(call),
+                response=orjson.dumps(response),
+            )
+        )
+    return records
+
+
+async def _stored_turns(store: Any, records: list[StoredResponse]) -> tuple[float, float, float]:
+    """Write `records` one stored turn at a time, then hydrate the last: the wall time per
+    write, per turn of the hydration, and this process's CPU per stored turn."""
+    cpu = time.process_time()
+    started = time.perf_counter()
+    for record in records:
+        await store.put("bench", record)
+    wrote = time.perf_counter()
+    found = await store.get_ancestors("bench", records[-1].id)
+    hydrated = time.perf_counter()
+    if found != records:
+        raise StoreBenchError("a hydration did not give back the records written")
+    turns = len(records)
+    return (
+        (wrote - started) / turns,
+        (hydrated - wrote) / turns,
+        (time.process_time() - cpu) / turns,
+    )
+
+
+def measure_encryption(
+    redis_url: str, *, turns: int = 25, repeat: int = 5, tool_output_bytes: int = 4096
+) -> EncryptionReport:
+    """What encrypting records at rest costs per stored turn, from one interleaved run (see
+    the module's docstring); the run's keys are deleted after it."""
+    from ws_mode.redis_store import RedisStore
+
+    prefix = f"ws_mode_bench_{secrets.token_hex(6)}"
+    report = EncryptionReport(
+        {"turns": turns, "repeat": repeat, "tool_output_bytes": tool_output_bytes}
+    )
+    key = secrets.token_bytes(32)
+
+    async def measure() -> dict[str, list[tuple[float, float, float]]]:
+        stores = {
+            "plain": RedisStore(redis_url, prefix=f"{prefix}:p", ttl_seconds=TTL_SECONDS),
+            "encrypted": RedisStore(
+                redis_url, prefix=f"{prefix}:e", ttl_seconds=TTL_SECONDS, encryption_keys=[key]
+            ),
+        }
+        seen: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in stores}
+        try:
+            for store in stores.values():  # a warm-up each: connections, scripts
+                await _stored_turns(store, _records(2, tool_output_bytes))
+            for repetition in range(repeat):
+                for mode in _order(repetition, ("plain", "encrypted")):
+                    records = _records(turns, tool_output_bytes)
+                    seen[mode].append(await _stored_turns(stores[mode], records))
+            for mode, store in stores.items():
+                records = _records(1, tool_output_bytes)
+                await store.put("bench", records[0])
+                held = await store.client.hstrlen(
+                    store.chain_key("bench", records[0].id), records[0].id
+                )
+                report.record_bytes[mode] = float(held)
+        finally:
+            for store in stores.values():
+                await store.aclose()
+        return seen
+
+    try:
+        seen = asyncio.run(measure())
+    finally:
+        _delete_keys(redis_url, prefix)
+    for mode, values in seen.items():
+        report.write[mode] = median(value[0] for value in values)
+        report.hydration[mode] = median(value[1] for value in values)
+        report.cpu[mode] = median(value[2] for value in values)
+    return report
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -566,6 +727,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the RedisStore's timeout per call, in seconds (default: %(default)g)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--encryption",
+        action="store_true",
+        help="measure instead what encrypting the records at rest costs per stored turn "
+        "(--turns, --tool-output-bytes, --repeat)",
+    )
     return parser
 
 
@@ -577,6 +744,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--serve" in argv:
         return serve(argv)
     args = _parser().parse_args(argv)
+    if args.encryption:
+        encryption = measure_encryption(
+            args.redis, turns=args.turns, repeat=args.repeat,
+            tool_output_bytes=args.tool_output_bytes,
+        )  # fmt: skip
+        shown = {**asdict(encryption), "ratios": encryption.ratios()}
+        print(json.dumps(shown, indent=2) if args.json else encryption.text())
+        return 0
     try:
         options = StoreBenchOptions(
             redis_url=args.redis, turns=args.turns, tool_output_bytes=args.tool_output_bytes,

@@ -59,6 +59,7 @@ class Limits:
     `_frames.RETRY_SECONDS`, `_hooks.HOOK_THREADS`, `_logs.LOG_VALUE_CHARS`,
     `_persistence.POLL_SECONDS`, `_persistence.POLL_MAX_SECONDS`, `_persistence.STORED_REMEMBERED`,
     `_protocol.MAX_ID_CHARS`, `_protocol.QUOTED_ID_CHARS`, `_protocol.STREAM_ID`,
+    `redis_store.UNREADABLE_REMEMBERED`,
     `_stats.ERROR_CODE_LABELS`, `_stats.MODEL_LABELS`, `_steering.MAX_WAITING_RESPONSES`,
     `_turn_runner.TOOL_SETS`,
     `proxy._transport._MAX_HEADER`.

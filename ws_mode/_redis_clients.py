@@ -16,10 +16,13 @@ other Redis clients use, with several nodes separated by commas)::
 
 The query options are redis-py's (`socket_keepalive=true`, `ssl_cert_reqs=none`,
 `ssl_ca_certs=/path`, ...), for every connection to a data node, except the store's own,
-taken out before redis-py reads the URL: `wait_replicas=N` (not on a cluster), as
-`RedisStore(wait_replicas=N)`, so that a store named by a URL alone (`ws-mode serve --store`)
-can have it. The credentials are the data nodes' (a Sentinel that needs its own: build the
-client and use `RedisStore.from_client`).
+taken out before redis-py reads the URL (`store_options`), so that a store named by a URL
+alone (`ws-mode serve --store`) can have them: `wait_replicas=N` (not on a cluster), as
+`RedisStore(wait_replicas=N)`; `encryption_keys_env=NAME`, the environment variable holding
+the encryption keys (base64, separated by commas, newest first: a URL gets logged, so the
+keys never go in it), as `RedisStore(encryption_keys=...)`; `read_plaintext=true`, as
+`RedisStore(read_plaintext=True)`. The credentials are the data nodes' (a Sentinel that
+needs its own: build the client and use `RedisStore.from_client`).
 Ports default to 6379, and to 26379 for a Sentinel.
 
 This module imports redis-py: `RedisStore` imports it only once a client is made.
@@ -152,40 +155,86 @@ def url_kind(url: str) -> Kind:
     return kind
 
 
-#: The query option of a store URL that is the store's own, not redis-py's.
+#: The query options of a store URL that are the store's own, not redis-py's.
 _WAIT_REPLICAS: Final = "wait_replicas"
+_KEYS_ENV: Final = "encryption_keys_env"
+_READ_PLAINTEXT: Final = "read_plaintext"
+_OWN: Final = (_WAIT_REPLICAS, _KEYS_ENV, _READ_PLAINTEXT)
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The store's own options a URL gives (None: not given): `wait_replicas`, the name of
+    the environment variable holding the encryption keys (`encryption_keys_env`: the keys
+    themselves never go in a URL, which gets logged), and `read_plaintext`."""
+
+    wait_replicas: int | None = None
+    encryption_keys_env: str | None = None
+    read_plaintext: bool | None = None
 
 
 def own_options(url: str) -> tuple[str, int | None]:
+    """`url` without the query options that are the store's own (`store_options`), and the
+    `wait_replicas` it gives (None: none)."""
+    rest, options = store_options(url)
+    return rest, options.wait_replicas
+
+
+def store_options(url: str) -> tuple[str, StoreOptions]:
     """`url` without the query options that are the store's own (redis-py would pass an
-    option it does not know to each connection, which refuses it), and the `wait_replicas` it
-    gives (None: none). ValueError, without the URL's credentials, for a value that is not a
-    whole number (0 or more), or an option given twice."""
+    option it does not know to each connection, which refuses it), and what they say.
+    ValueError, without the URL's credentials, for a value that does not parse, or an
+    option given twice."""
     head, hash_mark, fragment = url.partition("#")
     base, question, query = head.partition("?")
     if not question:
-        return url, None
+        return url, StoreOptions()
     kept: list[str] = []
-    given: list[str] = []
+    given: dict[str, list[str]] = {}
     for part in query.split("&"):
         name, _, value = part.partition("=")
-        if unquote_plus(name) == _WAIT_REPLICAS:  # spelt as redis-py's parse_qs reads names
-            given.append(unquote_plus(value))
+        if unquote_plus(name) in _OWN:  # spelt as redis-py's parse_qs reads names
+            given.setdefault(unquote_plus(name), []).append(unquote_plus(value))
         else:
             kept.append(part)
     if not given:
-        return url, None
-    if len(given) > 1:
-        raise ValueError(
-            f"{_WAIT_REPLICAS} is given {len(given)} times in {_without_credentials(url)!r}"
-        )
-    if re.fullmatch(r"[0-9]+", given[0]) is None:
-        raise ValueError(
-            f"{_WAIT_REPLICAS} in a store URL is a whole number, 0 or more: got "
-            f"{given[0][:40]!r} in {_without_credentials(url)!r}"
-        )
+        return url, StoreOptions()
+    for name, values in given.items():
+        if len(values) > 1:
+            raise ValueError(
+                f"{name} is given {len(values)} times in {_without_credentials(url)!r}"
+            )
+    replicas: int | None = None
+    if _WAIT_REPLICAS in given:
+        value = given[_WAIT_REPLICAS][0]
+        if re.fullmatch(r"[0-9]+", value) is None:
+            raise ValueError(
+                f"{_WAIT_REPLICAS} in a store URL is a whole number, 0 or more: got "
+                f"{value[:40]!r} in {_without_credentials(url)!r}"
+            )
+        replicas = int(value)
+    env: str | None = None
+    if _KEYS_ENV in given:
+        env = given[_KEYS_ENV][0]
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env) is None:  # never shown: it may be a key
+            raise ValueError(
+                f"{_KEYS_ENV} in a store URL names an environment variable (letters, digits "
+                f"and _) that holds the keys, never the keys themselves, in "
+                f"{_without_credentials(url)!r}"
+            )
+    plaintext: bool | None = None
+    if _READ_PLAINTEXT in given:
+        value = given[_READ_PLAINTEXT][0].lower()
+        if value not in _TRUE + _FALSE:
+            raise ValueError(
+                f"{_READ_PLAINTEXT} in a store URL is true or false: got {value[:10]!r} in "
+                f"{_without_credentials(url)!r}"
+            )
+        plaintext = value in _TRUE
     rest = base + (f"?{'&'.join(kept)}" if kept else "") + hash_mark + fragment
-    return rest, int(given[0])
+    return rest, StoreOptions(replicas, env, plaintext)
 
 
 def wait_replicas_of(url: str, given: int | None) -> int:

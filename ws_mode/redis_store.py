@@ -8,6 +8,7 @@ the principal, never the principal itself::
 
     {prefix}:{<principal digest>}:r:<response id>  ->  the response's chain id (a string)
     {prefix}:{<principal digest>}:c:<chain id>     ->  a hash: response id -> record bytes
+                                                       (encrypted with `encryption_keys`)
     {prefix}:{<principal digest>}:p:<response id>  ->  "being written" (`mark_pending`)
 
 and, while a bound per principal is set (`limit_principal_bytes`, which the middleware sets
@@ -59,11 +60,16 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from cachetools import LRUCache
+
+from ._encryption import RecordCodec, RecordUnreadable, codec_of
 from ._install import install_hint
+from ._logs import for_log
 from ._store import DEFAULT_TTL_SECONDS, ParentNotStored, QuotaExceeded, StoredResponse
 
 if TYPE_CHECKING:
@@ -75,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = ["RedisStore", "RedisStoreError"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 #: KEYS[1]: the response's index key; ARGV[1]: the chain hashes' key prefix. The chain's
 #: hash as a flat field, value list, or an empty list when the response is not stored.
@@ -225,6 +233,10 @@ TOMBSTONE: Final = b"\0"
 REPLICA_WAIT_MS: Final = 1000
 #: How long the key `check()` writes lives.
 CHECK_KEY_MS: Final = 10_000
+#: Records that could not be read (`RecordUnreadable`) a store remembers: each is warned about
+#: once, its next misses (a miss is looked up again while a write may be on its way, and a
+#: client may retry) logged at DEBUG.
+UNREADABLE_REMEMBERED: Final = 1024
 
 
 class RedisStoreError(Exception):
@@ -248,7 +260,10 @@ class RedisStore:
     wrong, and where) or `TimeoutError`. With `wait_replicas`, a write lands only once that
     many replicas confirmed it (Redis `WAIT`), so a failover does not lose it; the URL can say
     it instead (`redis://host:6379/0?wait_replicas=1`, for a store named by its URL alone), and
-    a keyword that disagrees with the URL is a ValueError naming both.
+    a keyword that disagrees with the URL is a ValueError naming both. With `encryption_keys`
+    (newest first; or `?encryption_keys_env=NAME`, the environment variable holding them) every
+    record is encrypted at rest (`ws_mode._encryption`); a record that cannot be read is not
+    stored, with a warning.
     """
 
     def __init__(
@@ -261,14 +276,20 @@ class RedisStore:
         write_timeout: float = 10.0,
         max_connections: int = 64,
         wait_replicas: int | None = None,
+        encryption_keys: Sequence[bytes | str] | None = None,
+        read_plaintext: bool | None = None,
     ) -> None:
         try:
-            from ._redis_clients import open_client, wait_replicas_of
+            from ._redis_clients import open_client, store_options, wait_replicas_of
         except ImportError as error:  # pragma: no cover - the extra is not installed
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
         replicas = wait_replicas_of(url, wait_replicas)  # the URL checked before a client is made
+        in_url = store_options(url)[1]
+        codec = codec_of(
+            encryption_keys, read_plaintext, in_url.encryption_keys_env, in_url.read_plaintext
+        )
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         endpoint = open_client(
@@ -289,6 +310,7 @@ class RedisStore:
             timeout=timeout,
             write_timeout=write_timeout,
             wait_replicas=replicas,
+            codec=codec,
         )
 
     @classmethod
@@ -301,6 +323,8 @@ class RedisStore:
         timeout: float = 2.0,
         write_timeout: float = 10.0,
         wait_replicas: int = 0,
+        encryption_keys: Sequence[bytes | str] | None = None,
+        read_plaintext: bool = False,
     ) -> RedisStore:
         """A store on a client the caller configured: a `redis.asyncio.Redis` (TLS, a shared
         pool...), a `redis.asyncio.RedisCluster`, or the master client of a Sentinel
@@ -310,10 +334,12 @@ class RedisStore:
         open. Its socket timeouts are its own; each call is still bounded by `timeout`. The
         store keeps its calls in flight within the client's own `max_connections` (per node
         of a cluster), so they wait for a connection rather than fail for the lack of one.
+        `encryption_keys` and `read_plaintext` are as for the constructor.
         """
         from ._redis_clients import client_bound, describe_client
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
+        codec = codec_of(encryption_keys, read_plaintext)
         kind, where = describe_client(client)
         store = cls.__new__(cls)
         store._setup(
@@ -327,6 +353,7 @@ class RedisStore:
             timeout=timeout,
             write_timeout=write_timeout,
             wait_replicas=wait_replicas,
+            codec=codec,
         )
         return store
 
@@ -343,10 +370,17 @@ class RedisStore:
         timeout: float,
         write_timeout: float,
         wait_replicas: int,
+        codec: RecordCodec,
     ) -> None:
         from ._redis_clients import ERRORS, check_replicas
 
         check_replicas(wait_replicas, kind)
+        self._codec = codec
+        #: The ids of the encryption keys, newest first (empty: records are kept in plain).
+        self.encryption_key_ids: tuple[str, ...] = codec.key_ids
+        #: Whether an encrypting store reads plaintext records (while it moves to encryption).
+        self.read_plaintext = codec.read_plaintext and codec.encrypts
+        self._warned: LRUCache[tuple[str, str], bool] = LRUCache(UNREADABLE_REMEMBERED)
 
         self.client = client
         #: What the store reaches: "redis" (one Redis), "cluster" or "sentinel".
@@ -412,7 +446,7 @@ class RedisStore:
         args: list[str | bytes | int] = [
             record.chain_id,
             record.id,
-            record.encode(),
+            self._codec.encode(principal, record),
             self._ttl_ms,
             -1 if bound is None else bound,
             self._scope(principal),
@@ -450,9 +484,16 @@ class RedisStore:
         reply = await self._call(lambda: self._get_chain(keys=keys, args=args))
         fields: list[bytes] = list(reply or ())
         chain: dict[str, StoredResponse] = {}
+        unreadable: list[tuple[str, RecordUnreadable]] = []
         for name, value in zip(fields[::2], fields[1::2], strict=True):
             if not name.startswith(TOMBSTONE):  # a deleted response's
-                chain[name.decode()] = StoredResponse.decode(value)
+                member = name.decode(errors="replace")
+                try:
+                    chain[member] = self._codec.decode(principal, member, value)
+                except RecordUnreadable as exc:
+                    unreadable.append((member, exc))
+        if unreadable:
+            self._unreadable(principal, *unreadable[0], len(unreadable))
         # The index outlived its record (written by hand, or a partial failure): not stored.
         return chain if response_id in chain else {}
 
@@ -463,14 +504,51 @@ class RedisStore:
         keys = [self.index_key(principal, response_id)]
         args = [self.chain_key(principal, ""), response_id]
         reply = await self._call(lambda: self._get_ancestors(keys=keys, args=args))
-        return [StoredResponse.decode(value) for value in reversed(list(reply or ()))]
+        found: list[StoredResponse] = []
+        expected: str | None = response_id  # the id each record was read under, in turn
+        for value in list(reply or ()):
+            if expected is None:  # more records than parent links: not this conversation's
+                self._unreadable(principal, response_id, RecordUnreadable("a broken parent link"))
+                return []
+            try:
+                record = self._codec.decode(principal, expected, value)
+            except RecordUnreadable as exc:
+                self._unreadable(principal, expected, exc)
+                return []
+            found.append(record)
+            expected = record.parent_id
+        found.reverse()
+        return found
 
     async def get(self, principal: str, response_id: str) -> StoredResponse | None:
         """One record, or None when it is not stored (one round trip)."""
         keys = [self.index_key(principal, response_id)]
         args = [self.chain_key(principal, ""), response_id]
         reply = await self._call(lambda: self._get(keys=keys, args=args))
-        return StoredResponse.decode(reply) if reply else None
+        if not reply:
+            return None
+        try:
+            return self._codec.decode(principal, response_id, reply)
+        except RecordUnreadable as exc:
+            self._unreadable(principal, response_id, exc)
+            return None
+
+    def _unreadable(
+        self, principal: str, response_id: str, error: RecordUnreadable, count: int = 1
+    ) -> None:
+        """Log a stored record read as not stored because it cannot be read: one WARNING per
+        record (while `UNREADABLE_REMEMBERED` remembers it), DEBUG after."""
+        others = f" (and {count - 1} more of its conversation)" if count > 1 else ""
+        seen = (principal, response_id)
+        level = logging.DEBUG if seen in self._warned else logging.WARNING
+        self._warned[seen] = True
+        logger.log(
+            level,
+            "a stored response cannot be read and is taken as not stored: %s%s: %s",
+            for_log(response_id),
+            others,
+            error,
+        )
 
     def pending_key(self, principal: str, response_id: str) -> str:
         """The key saying `principal`'s response `response_id` is being written."""

@@ -99,3 +99,25 @@ def test_without_redis_it_refuses_to_report(capsys: pytest.CaptureFixture[str]) 
     assert "store_unavailable" in capsys.readouterr().err
     assert main([*small_flags(url), "--turns", "1"]) == 2
     assert "turns must be >= 2" in capsys.readouterr().err
+
+
+def test_the_encryption_run_prints_the_cost_per_stored_turn_and_leaves_no_keys(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--encryption`: the encrypted and the plain store measured in one interleaved run, per
+    stored turn (write, hydration, CPU, bytes in Redis), with their ratios."""
+    flags = ["--redis", redis_server.url, "--encryption", "--turns", "3", "--repeat", "2"]
+    assert main([*flags, "--tool-output-bytes", "256", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert set(shown["ratios"]) == {"write", "hydration", "cpu", "record_bytes"}
+    assert all(value > 0 and math.isfinite(value) for value in shown["ratios"].values())
+    assert shown["ratios"]["record_bytes"] > 1  # the nonce, the tag, the key's id
+    assert main(flags) == 0
+    text = capsys.readouterr().out
+    assert "per stored turn" in text
+    assert "ratio" in text
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.keys("ws_mode_bench_*") == []
+    finally:
+        client.close()

@@ -135,7 +135,9 @@ def add_server_arguments(
         "TLS, unix:///PATH), a Redis Cluster (redis+cluster://HOST:PORT[,HOST:PORT...]) or "
         "the master Sentinels follow (redis+sentinel://HOST:26379[,...]/SERVICE[/DB]); "
         "?wait_replicas=N in the URL: a write counts once N replicas have it (not on a "
-        "cluster); docs/store.md (default: none)",
+        "cluster); ?encryption_keys_env=NAME: records encrypted at rest with the keys in the "
+        "environment variable NAME (base64, comma-separated, newest first; the encryption "
+        "extra); docs/store.md (default: none)",
     )
     parser.add_argument(
         "--start-degraded",
@@ -186,11 +188,17 @@ def store_argument(text: str) -> str:
             raise argparse.ArgumentTypeError(
                 f"a Redis store needs the redis extra: {install_hint('redis')}"
             )
-        from ws_mode._redis_clients import url_kind
+        from ws_mode._encryption import codec_of
+        from ws_mode._redis_clients import store_options, url_kind
 
         try:
             url_kind(text)  # the URL's form: nothing is connected
+            # The keys its encryption_keys_env names, read and checked (never shown).
+            options = store_options(text)[1]
+            codec_of(None, None, options.encryption_keys_env, options.read_plaintext)
         except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        except ImportError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return text
     schemes = ", ".join(REDIS_SCHEMES)
@@ -207,8 +215,7 @@ def store_from_argument(text: str) -> ResponseStore:
     """The store a ``--store`` value names (``memory``, or a Redis URL)."""
     if text == "memory":
         return MemoryStore()
-    if not is_redis_url(text):
-        store_argument(text)  # raises, naming what is expected
+    store_argument(text)  # raises, naming what is expected (never the URL's credentials)
     from ws_mode.redis_store import RedisStore
 
     return RedisStore(text)
