@@ -18,8 +18,8 @@ The ASGI app is :mod:`ws_mode.proxy._app`; the upstream side (URL, headers, fail
 :mod:`ws_mode.proxy._upstream`; the HTTP clients are :mod:`ws_mode.proxy._transport`.
 """
 
-from ._app import API_PREFIX as API_PREFIX
 from ._app import ResponsesProxy, create_proxy
+from ._upstream import API_PREFIX as API_PREFIX
 from ._upstream import DEFAULT_LIMITS, DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ResponsesProxy", "create_proxy"]
