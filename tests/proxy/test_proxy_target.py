@@ -35,9 +35,8 @@ from tests.proxy_target_app import PORTLESS_HOST, make_app
 from tests.servers import PROCESS_SERVERS, serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode._protocol import INVALID_REQUEST_TARGET
-from ws_mode.proxy import create_proxy
+from ws_mode.proxy import TargetRefused, create_proxy
 from ws_mode.proxy._transport import AiohttpTransport, HttpxTransport, Transport, _yarl_target
-from ws_mode.proxy._upstream import TargetRefused
 from ws_mode.testing._loopback import HOST, bind_loopback
 
 KEY = "sk-operator-secret-never-to-leave"

@@ -162,7 +162,7 @@ class ResponsesProxy:
         path is percent-encoded (``@``, ``?``, ``#`` and ``%`` included), and the URL is always
         on the upstream's scheme, host and port: a path that does not start with a single
         ``/``, or holds a ``.`` or ``..`` segment, a backslash or a control character, raises
-        :class:`~ws_mode.proxy._upstream.TargetRefused` (the client gets 400).
+        :class:`~ws_mode.proxy.TargetRefused` (the client gets 400).
         """
         return upstream_url(self._origin, self._base_path, path, query)
 

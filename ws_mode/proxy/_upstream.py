@@ -18,7 +18,7 @@ from urllib.parse import quote, quote_from_bytes, urlsplit
 import httpx
 
 from .._asgi import Send
-from .._errors import ConfigError
+from .._errors import ConfigError, WSModeError
 from .._headers import end_to_end
 from .._logs import for_log
 from .._protocol import INVALID_REQUEST_TARGET, error_body, json_answer
@@ -71,15 +71,16 @@ _QUERY_SAFE: Final = b"/?:@!$&'()*+,;=~%"
 _REFUSED_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
-class TargetRefused(Exception):
+class TargetRefused(WSModeError, ValueError):
     """A request the proxy does not forward: its path is not one the upstream URL can be built
     on without the URL leaving the upstream's origin (or is not a path a client sends). The
     client gets 400 (``invalid_request_error``, ``invalid_request_target``) and nothing is sent
-    upstream."""
+    upstream; ``reason`` says why."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    @property
+    def reason(self) -> str:
+        """Why the request is not forwarded (the error's message)."""
+        return str(self)
 
     async def send(self, send: Send) -> None:
         """Answer the client's HTTP request with 400 and an OpenAI error body."""
