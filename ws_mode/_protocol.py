@@ -168,6 +168,11 @@ MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
 
 
+#: The code of an HTTP request the proxy (`ws_mode.proxy`) refuses to forward (400): its path
+#: could make the upstream URL leave the upstream's origin, or is not one a client sends.
+INVALID_REQUEST_TARGET = "invalid_request_target"
+
+
 def memory_budget_message(what: str, *, upgrade: bool = False, then: str | None = None) -> str:
     """Why `what` was refused: the process's memory budget is exhausted; what the client may
     do (a refused upgrade falls back to HTTP; `then` says it otherwise)."""

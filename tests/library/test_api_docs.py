@@ -90,6 +90,7 @@ HANDED_OUT: frozenset[object] = frozenset(
         QuotaExceeded,
         ws_mode.redis_store.RedisStoreError,
         ws_mode.proxy.ResponsesProxy,
+        ws_mode.proxy.TargetRefused,
         CheckOptions,
         CompatibilityChecks,
         CompatibilityError,

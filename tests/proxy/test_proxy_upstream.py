@@ -218,6 +218,11 @@ async def _with_server(handler: Handler, kind: str, seconds: float, use: Any) ->
         await server.wait_closed()
 
 
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of ``url``."""
+    return url[: url.index("/", len("http://"))]
+
+
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
     """A request's head (its body read and dropped: by length, or chunk by chunk)."""
     head = await reader.readuntil(b"\r\n\r\n")
@@ -245,9 +250,10 @@ def test_an_upstream_nobody_listens_on_is_unreachable(kind: str) -> None:
         listener.close()
         await listener.wait_closed()
         transport = _transport(kind, 5.0)
+        url = f"http://127.0.0.1:{port}/v1"
         try:
             with pytest.raises(UpstreamError) as raised:
-                await transport.request("POST", f"http://127.0.0.1:{port}/v1", [], b"{}")
+                await transport.request("POST", url, [], b"{}", origin_of(url))
         finally:
             await transport.aclose()
         return raised.value.failure
@@ -264,7 +270,7 @@ def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(kind: str) -> Non
 
     async def use(transport: Transport, url: str) -> UpstreamFailure:
         with pytest.raises(UpstreamError) as raised:
-            await transport.request("POST", url, [], b"{}")
+            await transport.request("POST", url, [], b"{}", origin_of(url))
         return raised.value.failure
 
     failure = asyncio.run(_with_server(silent, kind, 0.3, use))
@@ -282,7 +288,7 @@ def test_an_answer_that_breaks_off_is_an_upstream_error(kind: str) -> None:
         await writer.drain()  # then closed: no last chunk
 
     async def use(transport: Transport, url: str) -> tuple[list[bytes], UpstreamFailure]:
-        answer = await transport.request("POST", url, [], b"{}")
+        answer = await transport.request("POST", url, [], b"{}", origin_of(url))
         got: list[bytes] = []
         chunks = answer.chunks()
         got.append(await anext(chunks))
@@ -320,7 +326,7 @@ def test_requests_go_up_as_given_and_answers_come_back_raw(kind: str) -> None:
         headers = [(b"x-custom", b"1"), (b"accept-encoding", b"identity")]
         answers = []
         for content in (b'{"a": 1}', body()):
-            answer = await transport.request("POST", url, headers, content)
+            answer = await transport.request("POST", url, headers, content, origin_of(url))
             answers.append((answer.status, await _read_all(answer)))
         return answers
 

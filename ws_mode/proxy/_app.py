@@ -26,13 +26,14 @@ import logging
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 
 from .._asgi import Message, Receive, Scope, Send
 from .._errors import ConfigError
 from .._headers import end_to_end, header
+from .._logs import for_log
 from .._sse import content_type, is_event_stream
 from .._tracing import inject_current
 from ._transport import Transport, UpstreamAnswer, transport_for
@@ -40,19 +41,18 @@ from ._upstream import (
     DEFAULT_TIMEOUT,
     HANDSHAKE_PROBE_SECONDS,
     REQUEST_DROPPED,
+    TargetRefused,
     UpstreamError,
     answer_headers,
     check_upstream,
     handshake_headers,
     log_failure,
     public_url,
+    upstream_url,
 )
 
 _logger = logging.getLogger("ws_mode.proxy")
 
-API_PREFIX: Final = "/v1"
-"""The client path prefix an upstream URL with a path stands for."""
-_SAFE_PATH: Final = "/:@!$&'()*+,;=~"
 _IDENTITY: Final = (b"accept-encoding", b"identity")
 #: Codex's sticky-routing token: issued on a handshake's (or a turn's) answer, sent back on the
 #: requests that follow.
@@ -152,20 +152,19 @@ class ResponsesProxy:
     # Where requests go.
 
     def url_for(self, path: str, query: bytes | str = b"") -> str:
-        """The upstream URL of a client request to ``path`` (``root_path`` already removed).
+        """The upstream URL of a client request to ``path`` (decoded, as the ASGI scope's
+        ``path``; ``root_path`` already removed) with the query string ``query``.
 
         An upstream URL with a path (``http://host:8000/v1``, ``https://host/api/v1``) stands
         for the client's ``/v1``, like the openai SDK's ``base_url``: ``/v1/responses`` goes to
         ``<upstream>/responses``; a path outside ``/v1`` goes to the upstream's origin unchanged.
-        An upstream URL without a path (``http://host:8000``) gets every path unchanged.
+        An upstream URL without a path (``http://host:8000``) gets every path unchanged. The
+        path is percent-encoded (``@``, ``?``, ``#`` and ``%`` included), and the URL is always
+        on the upstream's scheme, host and port: a path that does not start with a single
+        ``/``, or holds a ``.`` or ``..`` segment, a backslash or a control character, raises
+        :class:`~ws_mode.proxy.TargetRefused` (the client gets 400).
         """
-        if self._base_path and (path == API_PREFIX or path.startswith(API_PREFIX + "/")):
-            target = self._origin + self._base_path + path[len(API_PREFIX) :]
-        else:
-            target = self._origin + path
-        if isinstance(query, bytes):
-            query = query.decode("latin-1")
-        return f"{target}?{query}" if query else target
+        return upstream_url(self._origin, self._base_path, path, query)
 
     # The upstream client.
 
@@ -209,15 +208,23 @@ class ResponsesProxy:
         cannot be reached gives none: the socket opens, and its first turn reports the
         failure. ``principal`` is unused.
         """
-        url, headers = self._target(scope)
+        try:
+            url, headers = self._target(scope)
+        except TargetRefused as exc:
+            _logger.warning(
+                "no handshake probe for the WebSocket path %s: %s",
+                for_log(scope.get("path")),
+                exc.reason,
+            )
+            return []
         try:
             async with asyncio.timeout(HANDSHAKE_PROBE_SECONDS):
-                answer = await self.transport.request("HEAD", url, headers, b"")
+                answer = await self.transport.request("HEAD", url, headers, b"", self._origin)
                 try:
                     kept = handshake_headers(answer.headers)
                 finally:
                     await answer.close()
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError, TargetRefused) as exc:
             _logger.warning(
                 "the upstream did not answer a WebSocket handshake's probe (HEAD %s): %s; "
                 "the socket opens without its headers",
@@ -280,7 +287,11 @@ class ResponsesProxy:
         self, scope: Scope, first: Message, receive: Receive, send: Send, state: _Exchange
     ) -> None:
         method: str = scope["method"]
-        url, headers = self._target(scope)
+        try:
+            url, headers = self._target(scope)
+        except TargetRefused as exc:
+            await _refuse(exc, scope, send, state)
+            return
         chunk: bytes = first.get("body", b"")
         content: bytes | AsyncIterator[bytes]
         if first.get("more_body", False):
@@ -292,7 +303,10 @@ class ResponsesProxy:
             content = chunk  # the whole body at once (the middleware's turns): a Content-Length
             state.watch(receive)
         try:
-            answer = await self.transport.request(method, url, headers, content)
+            answer = await self.transport.request(method, url, headers, content, self._origin)
+        except TargetRefused as exc:
+            await _refuse(exc, scope, send, state)
+            return
         except UpstreamError as exc:
             if state.client_left:
                 raise _ClientGone from exc  # the body's stream stopped: the client left
@@ -311,7 +325,7 @@ class ResponsesProxy:
         root_path: str = scope.get("root_path", "")
         if root_path and path.startswith(root_path):
             path = path[len(root_path) :] or "/"
-        url = self.url_for(quote(path, safe=_SAFE_PATH), scope.get("query_string", b""))
+        url = self.url_for(path, scope.get("query_string", b""))
         headers = end_to_end(scope.get("headers", ()), REQUEST_DROPPED)
         if self._authorization is not None:
             headers = [(k, v) for k, v in headers if k != b"authorization"]
@@ -351,6 +365,18 @@ async def _answer(
         return
     state.answered = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _refuse(exc: TargetRefused, scope: Scope, send: Send, state: _Exchange) -> None:
+    """Answer a request the proxy does not forward with 400; nothing went upstream."""
+    _logger.warning(
+        "refused to forward %s %s: %s",
+        for_log(scope.get("method")),
+        for_log(scope.get("path")),
+        exc.reason,
+    )
+    state.answered = True
+    await exc.send(send)
 
 
 def create_proxy(

@@ -6,21 +6,25 @@ it). :class:`HttpxTransport` serves an ``httpx.AsyncClient`` passed as ``client=
 default when aiohttp is not installed. Both map their library's errors to :class:`UpstreamError`
 (502/504 as ``docs/proxy.md`` describes), never follow redirects, never keep cookies, and hand
 back the body undecoded (the proxy undoes compression itself: :class:`~ws_mode.proxy._upstream.
-BodyDecoder`).
+BodyDecoder`). Before a byte is sent, each reads the request's URL as its own library will
+(yarl, httpx) and refuses it (:class:`~ws_mode.proxy._upstream.TargetRefused`) unless its
+scheme, credentials, host and port are the upstream's, read the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import http.cookiejar
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import httpx
 
-from ._upstream import DEFAULT_LIMITS, UpstreamError, UpstreamFailure
+from ._upstream import DEFAULT_LIMITS, TargetRefused, UpstreamError, UpstreamFailure
 
 if TYPE_CHECKING:
     import aiohttp
+    import yarl
 
 
 # Headers aiohttp would add to what the client sent (httpx adds neither).
@@ -68,9 +72,17 @@ class Transport(Protocol):
         ...
 
     async def request(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: Content
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: Content,
+        origin: str,
     ) -> UpstreamAnswer:
-        """Send a request; the answer once its status and headers are in."""
+        """Send a request; the answer once its status and headers are in.
+        :class:`~ws_mode.proxy._upstream.TargetRefused`, before anything is sent, unless ``url``
+        is on ``origin`` (the upstream's ``scheme://[credentials@]host[:port]``) as the client
+        library reads both."""
         ...
 
     async def aclose(self) -> None:
@@ -128,16 +140,23 @@ class AiohttpTransport:
         return bool(self.client.closed)
 
     async def request(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: Content
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: Content,
+        origin: str,
     ) -> UpstreamAnswer:
-        """Send a request; the answer once its status and headers are in."""
+        """Send a request; the answer once its status and headers are in (``url`` must be on
+        ``origin``, as yarl reads them, or :class:`TargetRefused`)."""
         import aiohttp
 
+        target = _yarl_target(url, origin)
         fields = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
         try:
             response = await self.client.request(
                 method,
-                url,
+                target,
                 headers=fields,
                 data=content or None,  # no body: no invented content-type
                 allow_redirects=False,
@@ -179,6 +198,31 @@ class _AiohttpAnswer:
             self.response.close()
 
 
+def _yarl_target(url: str, origin: str) -> yarl.URL:
+    """``url`` as aiohttp sends it, refused unless it is on ``origin``."""
+    from yarl import URL
+
+    try:
+        target = URL(url)
+        found = _yarl_origin(target)
+    except ValueError:
+        raise TargetRefused("the upstream URL is not a valid URL") from None
+    if found != _yarl_upstream(origin):
+        raise TargetRefused("the upstream URL would leave the upstream's origin")
+    return target
+
+
+def _yarl_origin(url: yarl.URL) -> tuple[object, ...]:
+    return (url.scheme, url.raw_user, url.raw_password, url.raw_host, url.port, url.is_absolute())
+
+
+@functools.lru_cache(maxsize=16)
+def _yarl_upstream(origin: str) -> tuple[object, ...]:
+    from yarl import URL
+
+    return _yarl_origin(URL(origin))
+
+
 def _aiohttp_failure(exc: BaseException) -> UpstreamFailure:
     import aiohttp
 
@@ -215,10 +259,21 @@ class HttpxTransport:
         return self.client.is_closed
 
     async def request(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: Content
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: Content,
+        origin: str,
     ) -> UpstreamAnswer:
-        """Send a request; the answer once its status and headers are in."""
-        request = self.client.build_request(method, url, headers=headers, content=content)
+        """Send a request; the answer once its status and headers are in (``url`` must be on
+        ``origin``, as httpx reads them, or :class:`TargetRefused`)."""
+        try:
+            request = self.client.build_request(method, url, headers=headers, content=content)
+        except httpx.InvalidURL:
+            raise TargetRefused("the upstream URL is not a valid URL") from None
+        if _httpx_origin(request.url) != _httpx_upstream(origin):
+            raise TargetRefused("the upstream URL would leave the upstream's origin")
         try:
             response = await self.client.send(request, stream=True)
         except httpx.RequestError as exc:
@@ -247,6 +302,15 @@ class _HttpxAnswer:
 
     async def close(self) -> None:
         await self.response.aclose()
+
+
+def _httpx_origin(url: httpx.URL) -> tuple[object, ...]:
+    return (url.scheme, url.userinfo, url.host, url.port, url.is_absolute_url)
+
+
+@functools.lru_cache(maxsize=16)
+def _httpx_upstream(origin: str) -> tuple[object, ...]:
+    return _httpx_origin(httpx.URL(origin))
 
 
 def _httpx_failure(exc: httpx.RequestError) -> UpstreamFailure:

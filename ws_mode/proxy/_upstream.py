@@ -1,25 +1,27 @@
-"""The proxy's dealings with the upstream whatever client talks to it: its URL, the headers that
-may cross, compressed answers undone, and its failures as OpenAI errors (an HTTP error answer,
-or an SSE ``error`` event mid-stream). The clients themselves are :mod:`ws_mode.proxy._transport`.
+"""The proxy's dealings with the upstream whatever client talks to it: its URL (and the request
+URLs built on it, which never leave its origin), the headers that may cross, compressed answers
+undone, and its failures as OpenAI errors (an HTTP error answer, or an SSE ``error`` event
+mid-stream). The clients themselves are :mod:`ws_mode.proxy._transport`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_from_bytes, urlsplit
 
 import httpx
 
 from .._asgi import Send
-from .._errors import ConfigError
+from .._errors import ConfigError, WSModeError
 from .._headers import end_to_end
 from .._logs import for_log
-from .._protocol import error_body, json_answer
+from .._protocol import INVALID_REQUEST_TARGET, error_body, json_answer
 from .._sse import encode_sse
 
 logger = logging.getLogger("ws_mode.proxy")
@@ -53,6 +55,81 @@ def check_upstream(upstream: object) -> str:
     if parts.query or parts.fragment:
         raise ConfigError(f"upstream must not have a query or a fragment, got {upstream!r}.")
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+API_PREFIX: Final = "/v1"
+"""The client path prefix an upstream URL with a path stands for."""
+# What stays as it is in a forwarded path: the characters of a path segment (RFC 3986) but `@`
+# and `%`; every other character, `?`, `#`, `%` and `@` included, is percent-encoded. A path
+# that starts with one `/` and keeps no `@` cannot be read as an authority by any parser.
+_PATH_SAFE: Final = "/:!$&'()*+,;=~"
+# What stays as it is in a forwarded query: the characters of a query, `%` (an escape the
+# client wrote); the rest (`#`, spaces, control and non-ASCII bytes) is percent-encoded.
+_QUERY_SAFE: Final = b"/?:@!$&'()*+,;=~%"
+# Characters no forwarded path may hold: controls, and the backslash some URL parsers read
+# as a `/` (WHATWG's, for http and https).
+_REFUSED_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+class TargetRefused(WSModeError, ValueError):
+    """A request the proxy does not forward: its path is not one the upstream URL can be built
+    on without the URL leaving the upstream's origin (or is not a path a client sends). The
+    client gets 400 (``invalid_request_error``, ``invalid_request_target``) and nothing is sent
+    upstream; ``reason`` says why."""
+
+    @property
+    def reason(self) -> str:
+        """Why the request is not forwarded (the error's message)."""
+        return str(self)
+
+    async def send(self, send: Send) -> None:
+        """Answer the client's HTTP request with 400 and an OpenAI error body."""
+        message = f"The proxy does not forward this request: {self.reason}."
+        body = error_body("invalid_request_error", INVALID_REQUEST_TARGET, message)
+        with contextlib.suppress(Exception):  # the client may have gone meanwhile
+            for answer in json_answer("http.response", 400, body):
+                await send(answer)
+
+
+def path_refusal(path: str) -> str | None:
+    """Why a client path (decoded, ``root_path`` removed) is not forwarded, or None: it must
+    start with a single ``/`` and hold no empty segment (``//``), no ``.`` or ``..`` segment,
+    no backslash and no control character."""
+    if not path.startswith("/"):
+        return "the path does not start with '/'"
+    if "//" in path:
+        return "the path has an empty segment ('//')"
+    if _REFUSED_CHARS.search(path):
+        return "the path holds a backslash or a control character"
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return "the path has a '.' or '..' segment"
+    return None
+
+
+def upstream_url(origin: str, base_path: str, path: str, query: bytes | str = b"") -> str:
+    """The upstream URL of a client request to ``path`` (decoded, ``root_path`` removed) with
+    ``query`` (the raw query string): ``origin`` (``scheme://host[:port]``) and ``base_path``
+    (the upstream URL's path, standing for the client's ``/v1``; empty: paths go unchanged)
+    followed by the path, percent-encoded, and the query. :class:`TargetRefused` when the path
+    is refused (:func:`path_refusal`) or the URL would not be on ``origin``."""
+    reason = path_refusal(path)
+    if reason is not None:
+        raise TargetRefused(reason)
+    try:
+        quoted = quote(path, safe=_PATH_SAFE, errors="strict")
+    except UnicodeEncodeError:
+        raise TargetRefused("the path is not valid text") from None
+    if base_path and (path == API_PREFIX or path.startswith(API_PREFIX + "/")):
+        target = origin + base_path + quoted[len(API_PREFIX) :]
+    else:
+        target = origin + quoted
+    if query:
+        raw = query.encode("utf-8", "surrogatepass") if isinstance(query, str) else query
+        target += "?" + quote_from_bytes(raw, safe=_QUERY_SAFE)
+    parts = urlsplit(target)
+    if f"{parts.scheme}://{parts.netloc}" != origin or not parts.path.startswith("/"):
+        raise TargetRefused("the upstream URL would leave the upstream's origin")
+    return target
 
 
 def public_url(url: str) -> str:
