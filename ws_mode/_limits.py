@@ -61,7 +61,7 @@ class Limits:
     `_protocol.MAX_ID_CHARS`, `_protocol.QUOTED_ID_CHARS`, `_protocol.STREAM_ID`,
     `redis_store.UNREADABLE_REMEMBERED`,
     `_stats.ERROR_CODE_LABELS`, `_stats.MODEL_LABELS`, `_steering.MAX_WAITING_RESPONSES`,
-    `_turn_runner.TOOL_SETS`,
+    `_tracing.FLUSH_SECONDS`, `_turn_runner.TOOL_SETS`,
     `proxy._transport._MAX_HEADER`.
     """
 

@@ -285,7 +285,8 @@ class WebSocketModeMiddleware:
         give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
         then close every socket with 1001 so clients reconnect; last, wait for the store
         writes under way in this process to land (each ends within
-        `Limits.store_write_seconds`). Call it before the server closes its
+        `Limits.store_write_seconds`), and for the tracer provider to export the spans it
+        holds. Call it before the server closes its
         connections (`ws_mode.server.Server` does, for uvicorn); the lifespan shutdown calls
         it too."""
         self._draining = True
@@ -293,6 +294,9 @@ class WebSocketModeMiddleware:
             grace = self.settings.limits.shutdown_grace_seconds
         await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
         await flush_writes(self.settings.limits.store_write_seconds)
+        tracing = self.settings.observer.tracing
+        if tracing is not None:
+            await tracing.flush()  # the process may end at once: uvicorn re-raises its signal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._bad_options is not None:

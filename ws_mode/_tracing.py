@@ -23,8 +23,10 @@ outside the memory budget.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,6 +40,14 @@ if TYPE_CHECKING:
 
 #: The instrumentation scope the spans are made under.
 INSTRUMENTATION_NAME: Final = "ws_mode"
+#: How long the end of a drain waits for the tracer provider to export what it holds.
+FLUSH_SECONDS: Final = 5.0
+#: The GenAI conventions' operation and provider of a turn: a Responses API call, in OpenAI's
+#: format (the model behind it may be anyone's: `gen_ai.request.model` says which).
+OPERATION_NAME: Final = "chat"
+PROVIDER_NAME: Final = "openai"
+
+logger = logging.getLogger(__name__)
 #: The turn span's name: the client event it serves.
 TURN_SPAN: Final = "response.create"
 
@@ -90,6 +100,26 @@ class Tracing:
             tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
             self._tracer = cached = (provider, tracer)
         return cached[1]
+
+    async def flush(self) -> None:
+        """Export what the tracer provider still holds (its ``force_flush``, off the event
+        loop, at most :data:`FLUSH_SECONDS`): the end of a drain calls it, since uvicorn ends
+        its process with the signal it got once it shut down, and exit hooks (where an SDK
+        exports its queue) never run."""
+        trace = self._api.trace
+        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
+        force_flush = getattr(provider, "force_flush", None)
+        if not callable(force_flush):
+            return
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(None, force_flush, int(FLUSH_SECONDS * 1000))
+        try:
+            done = await asyncio.wait_for(call, FLUSH_SECONDS + 1)
+        except Exception:
+            logger.warning("Exporting the spans at the end of the drain failed", exc_info=True)
+            return
+        if done is False:
+            logger.warning("The spans were not all exported within %.0f s", FLUSH_SECONDS)
 
     def connection(self, scope: Scope, path: str, connection_id: str) -> ConnectionSpan | None:
         """The span of a connection accepted now (None while there is no tracer)."""
@@ -204,7 +234,11 @@ class TurnSpan:
         model: str | None,
     ) -> None:
         api = self._api = connection._api
-        attributes: dict[str, Any] = {"ws_mode.connection.id": connection.connection_id}
+        attributes: dict[str, Any] = {
+            "ws_mode.connection.id": connection.connection_id,
+            "gen_ai.operation.name": OPERATION_NAME,
+            "gen_ai.provider.name": PROVIDER_NAME,
+        }
         if model is not None:
             attributes["gen_ai.request.model"] = model
         if stream_id is not None:

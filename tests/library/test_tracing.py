@@ -179,6 +179,8 @@ def test_a_conversation_is_one_connection_span_with_a_child_per_turn(
         turn_attributes = dict(span.attributes or {})
         assert turn_attributes["gen_ai.response.id"] == response_id
         assert turn_attributes["gen_ai.request.model"] == "m"
+        assert turn_attributes["gen_ai.operation.name"] == "chat"
+        assert turn_attributes["gen_ai.provider.name"] == "openai"
         assert turn_attributes["ws_mode.response.status"] == "completed"
         assert turn_attributes["ws_mode.connection.id"] == connection_id
         assert turn_attributes.get("ws_mode.previous_response_id") == previous
