@@ -163,8 +163,14 @@ class ResponseTap:
             logger.warning("a terminal event had no response id; the response is not kept")
             return
         output = response.get("output")
-        if not isinstance(output, list) or (not output and self.items):
-            output = self.items_so_far()
+        if self.items:
+            # What the client received item by item is what it builds its history from
+            # (Codex does): where the terminal's list disagrees, the streamed items win.
+            streamed = self.items_so_far()
+            if streamed != output:
+                output = streamed
+        elif not isinstance(output, list):
+            output = []
         self.succeeded = True
         self.response = response
         if not all(type(item) is dict for item in output):

@@ -325,12 +325,23 @@ async def test_terminal_without_output_uses_the_finished_items() -> None:
 
 
 @pytest.mark.anyio
-async def test_terminal_output_wins_over_the_finished_items() -> None:
+async def test_the_finished_items_win_over_a_terminal_output_that_disagrees() -> None:
+    # The client built its history from the items streamed to it: so does the cache.
     recorder = Recorder()
     await recorder.sse(
         "response.output_item.done",
         {"type": "response.output_item.done", "output_index": 0, "item": CALL},
     )
+    await recorder.sse(
+        "response.completed",
+        {"type": "response.completed", "response": response(output=[MESSAGE, "junk"])},
+    )
+    assert recorder.finished[0][1] == [CALL]
+
+
+@pytest.mark.anyio
+async def test_the_terminal_output_counts_when_no_item_was_streamed() -> None:
+    recorder = Recorder()
     await recorder.sse(
         "response.completed",
         {"type": "response.completed", "response": response(output=[MESSAGE, "junk"])},

@@ -141,7 +141,6 @@ def test_a_finished_call_the_client_must_answer_is_noticed() -> None:
 
 def test_a_completed_response_is_kept_with_its_own_output() -> None:
     tap = ResponseTap("resp_parent")
-    tap.see(item_done(message("streamed"), 0))
     own = [message("final"), "not an item"]
     completed = {"type": "response.completed", "response": {"id": "resp_1", "output": own}}
     tap.see(completed)
@@ -151,6 +150,27 @@ def test_a_completed_response_is_kept_with_its_own_output() -> None:
     assert tap.response is completed["response"]
     assert tap.response["previous_response_id"] == "resp_parent"
     assert tap.output == [message("final")]  # its own, without what is no item
+
+
+def test_the_streamed_items_win_over_a_terminal_output_that_disagrees() -> None:
+    # A custom tool call streamed, the same call as a function call in the terminal's list:
+    # the client built its history from the streamed one, and so does the cache.
+    custom = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "patch",
+              "input": "*** Begin Patch"}  # fmt: skip
+    function = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "patch",
+                "arguments": "{}"}  # fmt: skip
+    tap = ResponseTap(None)
+    tap.see(item_done(custom, 0))
+    tap.see({"type": "response.completed", "response": {"id": "resp_1", "output": [function]}})
+    assert tap.output == [custom]
+
+
+def test_a_terminal_output_that_agrees_with_the_streamed_items_is_kept_as_it_is() -> None:
+    tap = ResponseTap(None)
+    tap.see(item_done(message("m0"), 0))
+    own = [message("m0")]
+    tap.see({"type": "response.completed", "response": {"id": "resp_1", "output": own}})
+    assert tap.output is own  # shared, not copied
 
 
 @pytest.mark.parametrize("output", ["omitted", [], None])
