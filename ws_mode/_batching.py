@@ -213,6 +213,10 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     through the ASGI extension ``ws_mode.memory_budget`` offered in the scope). A fragment the
     budget cannot hold drops the message: the rest of it is let go as it arrives, and the
     middleware answers ``memory_budget_exceeded`` in its place, the socket kept.
+
+    A keepalive ping left unanswered closes the socket (1011) only when nothing at all came
+    from the client meanwhile: a client uploading a message larger than its link carries in
+    ``ping_timeout`` answers once the message is through.
     """
 
     #: The smallest message, in bytes (UTF-8 for text), compressed when the client negotiated
@@ -236,6 +240,8 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     _budget: MemoryBudget | None = None
     _fragments: int = 0
     _dropping: bool = False
+    # When the client's bytes last arrived (the event loop's clock).
+    _heard_at: float = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start with the real transport wrapped."""
@@ -301,9 +307,31 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             data_frame(data, text=text, deflate=self._deflate, threshold=self.deflate_threshold)
         )
 
+    def keepalive_timeout(self) -> None:
+        """A ping went unanswered for ``ping_timeout``: uvicorn closes with 1011, unless the
+        client's bytes kept arriving meanwhile. A client uploading a large message over a slow
+        link is alive, and its pong waits behind the message on the wire (a frame is not cut
+        for a control frame): the wait for the pong goes on, for as long as bytes come, and
+        while reading is paused here (a message waits for the application: the pong may be
+        among what is not read yet)."""
+        heard = self.loop.time() - self._heard_at
+        if (
+            self.pending_ping_payload is not None
+            and self.ping_timeout is not None
+            and (heard < self.ping_timeout or self.read_paused)
+            and not self.close_sent
+            and not self.transport.is_closing()
+        ):
+            self.pong_timer = self.loop.call_later(
+                max(self.ping_timeout - heard, 0.01), self.keepalive_timeout
+            )
+            return
+        super().keepalive_timeout()
+
     def data_received(self, data: bytes) -> None:
         """Parse what the client sent up to the frame that completes a message; keep the rest
         as it is until the application asks for the next message (`receive`)."""
+        self._heard_at = self.loop.time()
         if not self.handshake_complete:
             # The request, and whatever a client sends before it has the answer (RFC 6455 has
             # it wait), parsed as uvicorn does.
