@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from ._asgi import Scope
+from ._protocol import FULL_CONTEXT_HEADER
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -92,8 +93,8 @@ def error_headers(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
 
 #: Names the application may not set on the handshake's answer: the server writes the 101's
 #: own (its hop-by-hop `Connection` and `Upgrade`, the `Sec-WebSocket-*` handshake) and it has
-#: no body to frame.
-_SERVER_SET: Final = HOP_BY_HOP | {b"content-length"}
+#: no body to frame; the middleware sets the mode's header itself.
+_SERVER_SET: Final = HOP_BY_HOP | {b"content-length", FULL_CONTEXT_HEADER}
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 
@@ -101,7 +102,8 @@ def handshake_answer_headers(result: object) -> list[tuple[bytes, bytes]]:
     """What a `handshake_headers` hook returned (a mapping of names to values, an iterable of
     pairs, or None; `str` or `bytes` each) as the ASGI headers of `websocket.accept`: names
     lowercased. ValueError for a name that is no HTTP token or that the server sets itself
-    (hop-by-hop, `Sec-WebSocket-*`, `Content-Length`), and for a value with a line break, a
+    (hop-by-hop, `Sec-WebSocket-*`, `Content-Length`, the middleware's
+    `x-ws-mode-full-context`), and for a value with a line break, a
     NUL or a character outside Latin-1."""
     if result is None:
         return []
@@ -125,7 +127,8 @@ def handshake_answer_headers(result: object) -> list[tuple[bytes, bytes]]:
         if name in _SERVER_SET or name.startswith(b"sec-websocket-"):
             raise ValueError(
                 f"handshake_headers may not set {pair[0]!r}: the server sets it (hop-by-hop, "
-                "Sec-WebSocket-* and Content-Length headers are the handshake's own)."
+                "Sec-WebSocket-* and Content-Length headers are the handshake's own, "
+                "x-ws-mode-full-context the middleware's)."
             )
         if any(byte in value for byte in b"\r\n\0"):
             raise ValueError(f"handshake_headers gave {pair[0]!r} a value with a line break.")

@@ -32,6 +32,7 @@ from ._observe import Observer
 from ._origins import OriginPolicy
 from ._persistence import flush_writes, store_scope
 from ._protocol import (
+    FULL_CONTEXT_HEADER,
     MEMORY_BUDGET_EXCEEDED,
     SERVER_SHUTTING_DOWN,
     error_body,
@@ -420,6 +421,7 @@ class WebSocketModeMiddleware:
                 message = "The server failed to prepare the WebSocket handshake."
                 await self._refuse(scope, send, 500, "server_error", message)
                 return
+        headers.append((FULL_CONTEXT_HEADER, self.settings.full_context.encode()))
         connection = Connection(self.settings, scope, receive, send)
         self._open.add(connection)
         self.stats.connections_open += 1

@@ -158,6 +158,11 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
     )
 
 
+#: The header of the handshake's answer (the 101) naming the mode the middleware runs its
+#: sockets in: its `full_context`, `always` or `on_miss`, and nothing else. The middleware sets
+#: it on every accepted upgrade, never on a refusal; a `handshake_headers` hook may not.
+FULL_CONTEXT_HEADER: Final = b"x-ws-mode-full-context"
+
 #: The code of work refused because the process's memory budget (`Limits.max_memory_bytes`)
 #: cannot hold it: on an error event, a `response.steer.failed` and a refused upgrade.
 MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"

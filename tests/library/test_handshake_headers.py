@@ -1,4 +1,5 @@
-"""`handshake_headers`: headers the application sets on the handshake's answer.
+"""`handshake_headers`: headers the application sets on the handshake's answer, and the one
+the middleware sets itself (`x-ws-mode-full-context`, its mode).
 
 Two middlewares on one real server: a sync hook that reads the principal, and an async one
 that fails when asked to. A websockets client reads the upgrade's answer.
@@ -14,8 +15,9 @@ from starlette.types import Receive, Scope, Send
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.servers import serve
+from tests.servers import SERVERS, serve
 from ws_mode import WebSocketModeMiddleware
+from ws_mode._auth import AuthenticationFailed
 from ws_mode._errors import ConfigError
 from ws_mode._headers import handshake_answer_headers
 from ws_mode._hooks import is_async
@@ -89,6 +91,55 @@ def test_a_failing_hook_or_a_refused_name_refuses_the_upgrade_with_500(
     assert b"server_error" in refused.value.response.body
 
 
+async def plain(scope: Scope, receive: Receive, send: Send) -> None:
+    """Accepts any socket the middlewares pass on, and closes it: the server's own 101."""
+    if scope["type"] == "websocket":
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+
+def refuse_some(scope: Scope) -> str:
+    if dict(scope["headers"]).get(b"x-deny") == b"1":
+        raise AuthenticationFailed()
+    return "alice"
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_the_answer_names_the_mode_and_nothing_else(server: str) -> None:
+    always = WebSocketModeMiddleware(plain, path="/always", authenticate=refuse_some)
+    on_miss = WebSocketModeMiddleware(
+        always,
+        path="/on-miss",
+        full_context="on_miss",
+        authenticate=who,
+        handshake_headers=sync_headers,
+    )
+    with serve(on_miss, server) as url:
+        ws_url = url.replace("http", "ws", 1)
+        with connect(ws_url + "/elsewhere") as socket:
+            assert socket.response is not None
+            bare = socket.response.headers
+        answers = {}
+        for path in ("/always", "/on-miss"):
+            with connect(ws_url + path) as socket:
+                assert socket.response is not None
+                answers[path] = socket.response.headers
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url + "/always", additional_headers={"x-deny": "1"})
+    assert answers["/always"]["x-ws-mode-full-context"] == "always"
+    assert answers["/on-miss"]["x-ws-mode-full-context"] == "on_miss"
+    assert answers["/on-miss"].get_all("x-ws-mode-full-context") == ["on_miss"]
+    assert "x-ws-mode-full-context" not in bare  # not the middleware's socket
+    # One header more than the server's own 101 (and the hook's), and it says only the mode.
+    hooked = sync_headers({"headers": []}, "x")
+    own = {name.lower() for name in bare} | {name.lower() for name in hooked}
+    for headers in answers.values():
+        assert {name.lower() for name in headers} - own == {"x-ws-mode-full-context"}
+    # A refused upgrade says nothing of the mode.
+    assert "x-ws-mode-full-context" not in refused.value.response.headers
+
+
 def test_what_a_hook_may_return() -> None:
     assert handshake_answer_headers(None) == []
     assert handshake_answer_headers({"X-A": "1"}) == [(b"x-a", b"1")]
@@ -101,6 +152,7 @@ def test_what_a_hook_may_return() -> None:
         {"Sec-WebSocket-Accept": "x"},
         {"content-length": "0"},
         {"transfer-encoding": "chunked"},
+        {"X-WS-Mode-Full-Context": "always"},
         {"bad name": "1"},
         {"x-a": "1\r\nx-b: 2"},
         {"x-a": "\u2603"},

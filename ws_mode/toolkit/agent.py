@@ -84,6 +84,7 @@ class RolloutResult:
         answer: the text of the model's final message.
         tool_calls: the tool calls the model asked for (and the client answered).
         response_ids: the id of each turn's response.
+        outputs: each turn's output items, as its response object listed them.
     """
 
     mode: Literal["http", "socket"]
@@ -93,6 +94,7 @@ class RolloutResult:
     answer: str = ""
     tool_calls: int = 0
     response_ids: list[str] = field(default_factory=list)
+    outputs: list[list[dict[str, Any]]] = field(default_factory=list)
 
     @property
     def turns(self) -> int:
@@ -189,6 +191,7 @@ class Agent:
         output = response.get("output")
         if not isinstance(output, list):
             raise RolloutError(f"turn {result.turns}: the response has no output list")
+        result.outputs.append(output)
         calls = [item for item in output if item.get("type") == "function_call"]
         if not calls:
             texts = [

@@ -1,6 +1,7 @@
 """The tools' measurements: medians and percentiles, a process's RSS, and how both print.
 
-One median (:func:`median`, :func:`median_present`), one percentile (:func:`percentile`), one
+One median (:func:`median`, :func:`median_present`), one percentile (:func:`percentile`), the
+spread of repeated measurements (:class:`Spread`: least, median, most), one
 RSS reader (:func:`memory`: current and peak, from ``/proc``, else psutil or ``getrusage``)
 with :func:`reset_peak_rss` and a :class:`PeakSampler` for systems without ``/proc``, and the
 units the reports print (:func:`format_seconds`, :func:`format_bytes`).
@@ -25,6 +26,7 @@ from typing import Any, Literal
 __all__ = [
     "Memory",
     "PeakSampler",
+    "Spread",
     "format_bytes",
     "format_seconds",
     "median",
@@ -39,6 +41,27 @@ def median(values: Iterable[float], *, empty: float = math.nan) -> float:
     """The median of ``values``; ``empty`` when there are none."""
     present = list(values)
     return statistics.median(present) if present else empty
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Repeated measurements of one thing: the least, the median and the most."""
+
+    low: float
+    median: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        """The spread of ``values`` (NaN throughout when there are none)."""
+        present = sorted(values)
+        if not present:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(present[0], statistics.median(present), present[-1])
+
+    def overlaps(self, other: Spread) -> bool:
+        """Whether the two ranges share a value: then neither is clearly above the other."""
+        return self.low <= other.high and other.low <= self.high
 
 
 def median_present(values: Iterable[float | None]) -> float | None:

@@ -33,6 +33,7 @@ import httpx
 import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from ws_mode.testing._answers import IDS, Answer, difference, same
 from ws_mode.testing._client import (
     FrameError,
     SocketClosed,
@@ -68,6 +69,7 @@ __all__ = [
     "RolloutResult",
     "TurnCallback",
     "check_socket",
+    "rollout_difference",
     "run_http",
     "run_rollout",
     "run_socket",
@@ -285,6 +287,23 @@ def _receive_turn(socket: SyncSocket, turn: int, timeout: float) -> dict[str, An
     except FrameError as exc:
         raise RolloutError(f"turn {turn}: {exc}") from None
     return terminal_response(events[-1], turn)
+
+
+def rollout_difference(expected: RolloutResult, received: RolloutResult) -> str | None:
+    """How ``received``'s answers differ from ``expected``'s, turn by turn (None when they do
+    not): the first turn whose output differs, as the compatibility kit tells two answers
+    apart (:func:`ws_mode.testing._answers.difference`; ids and ``call_id`` left out), or the
+    number of turns when one rollout ended first."""
+    for index, (want, got) in enumerate(zip(expected.outputs, received.outputs, strict=False)):
+        over_http, socket = Answer("completed", want), Answer("completed", got)
+        if not same(over_http, socket, IDS):
+            return f"turn {index + 1}: " + difference(over_http, socket, IDS)
+    if len(expected.outputs) != len(received.outputs):
+        return (
+            f"{expected.mode} made {len(expected.outputs)} model calls, "
+            f"{received.mode} {len(received.outputs)}"
+        )
+    return None
 
 
 def run_rollout(

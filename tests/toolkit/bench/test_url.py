@@ -1,8 +1,8 @@
 """``ws-mode bench --url``: against a server of the user's on loopback (the middleware in front
 of the reference handler), HTTP with the full history against WebSocket mode, interleaved, on
 a conversation with tool calls; credentials from ``--api-key``, ``OPENAI_API_KEY`` or
-``--header``; a server without WebSocket mode (426), wrong credentials (401) and a server that
-cannot be reached are reported in words.
+``--header``; wrong credentials (401) and a server that cannot be reached are reported in
+words (refused upgrades, the mode, the answers and the spread: test_url_truth.py).
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def test_url_compares_http_and_the_socket_on_a_conversation(
     assert status == 0, err
     assert f"ws-mode bench --url {server}:" in out
     assert f"ws://{server.removeprefix('http://')}/v1/responses" in out
-    assert "WebSocket mode took" in out
+    assert "WebSocket mode (always) took" in out
     data = json.loads(measurements.read_text())
     http, socket = data["summaries"]
-    assert [http["label"], socket["label"]] == ["HTTP (full history)", "WebSocket mode"]
+    assert [http["label"], socket["label"]] == ["HTTP (full history)", "WebSocket mode (always)"]
     for row in (http, socket):
         assert len(row["turn_curve"]) == 7  # the conversation went on past the answers
         assert row["end_to_end"] > 0
@@ -80,7 +80,7 @@ def test_url_sends_the_api_key_and_keeps_it_out_of_the_json(
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         status, _, err = _run(capsys, "--url", base_url, "--model", "m", "--turns", "2")
         assert status == 1
-        assert "refused the credentials" in err
+        assert "the credentials were refused" in err
         assert "401" in err
         assert "--api-key" in err
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
@@ -94,17 +94,6 @@ def test_url_sends_the_api_key_and_keeps_it_out_of_the_json(
     text = measurements.read_text()
     assert KEY not in text
     assert json.loads(text)["options"]["api_key"] == "***"
-
-
-def test_url_without_websocket_mode_reports_the_426(capsys: pytest.CaptureFixture[str]) -> None:
-    app = WebSocketModeMiddleware(create_app(ReferenceConfig(tool_calls=1)), enabled=False)
-    with ServerThread(app, lifetime=60) as base_url:
-        status, out, err = _run(capsys, "--url", base_url, "--model", "m", "--turns", "2")
-    assert status == 1
-    assert "WebSocket mode is not enabled at ws://" in err
-    assert "426" in err
-    assert "WebSocketModeMiddleware" in err
-    assert out == ""
 
 
 def test_url_that_cannot_be_reached_is_reported(capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,7 +75,8 @@ class BenchOptions:
     (:mod:`ws_mode.toolkit.bench.goals`). ``link`` (a :class:`~ws_mode.toolkit.link.LinkSpec` as
     text) puts a relay between every client and the server; ``proxy`` runs the proxy comparison and
     ``url`` the one against a server of the user's (``model``, ``headers`` as ``Name: value``,
-    ``api_key``)."""
+    ``api_key``; ``socket_paths`` the socket paths measured there, under the URL's base as
+    ``/v1/responses`` is, which is the one measured without them)."""
 
     turns: int = 25
     tool_output_bytes: int = 4096
@@ -96,6 +97,7 @@ class BenchOptions:
     model: str | None = None
     headers: tuple[str, ...] = ()
     api_key: str | None = None
+    socket_paths: tuple[str, ...] = ()
 
     @property
     def speeds(self) -> tuple[float, ...]:
@@ -127,8 +129,13 @@ class BenchOptions:
         if alone and self.plot is not None:
             raise BenchError("--plot draws the reference modes only: not with --proxy or --url")
         if self.url is None:
-            if self.model is not None or self.headers or self.api_key is not None:
-                raise BenchError("--model, --header and --api-key go with --url")
+            if (
+                self.model is not None
+                or self.headers
+                or self.api_key is not None
+                or self.socket_paths
+            ):
+                raise BenchError("--model, --header, --api-key and --socket-path go with --url")
             return
         scheme = urlsplit(self.url).scheme
         if scheme not in ("http", "https") or not urlsplit(self.url).hostname:
@@ -139,6 +146,11 @@ class BenchOptions:
             raise BenchError("--url needs --model: the model your server serves")
         if self.profile is not None or self.check:
             raise BenchError("--profile and --check measure the reference servers: not with --url")
+        for path in self.socket_paths:
+            if not path.startswith("/") or any(c.isspace() or c in "?#" for c in path):
+                raise BenchError(f"--socket-path must be a path starting with /, got {path!r}")
+        if len(set(self.socket_paths)) != len(self.socket_paths):
+            raise BenchError("--socket-path: each path once")
         self.request_headers()
 
     def link_spec(self) -> LinkSpec | None:
@@ -296,6 +308,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help=f"with --url: send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})",
     )
+    parser.add_argument(
+        "--socket-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --url: a socket to measure at this path under the URL's base (repeatable: "
+        "one per middleware, e.g. /v1/responses and /cache-aware/v1/responses for both modes; "
+        "default: /v1/responses)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -343,4 +364,5 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         model=args.model,
         headers=tuple(args.header),
         api_key=api_key,
+        socket_paths=tuple(args.socket_path),
     )

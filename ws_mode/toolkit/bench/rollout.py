@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..measure import format_bytes, format_seconds, median, median_present
 from .control import ServerControl, linked, server_process
@@ -260,7 +260,10 @@ class BenchReport:
         return next(row for row in self.summaries[speed] if row.mode == mode)
 
 
-def rotated(modes: Sequence[Mode], repetition: int) -> list[Mode]:
+_Rotated = TypeVar("_Rotated")
+
+
+def rotated(modes: Sequence[_Rotated], repetition: int) -> list[_Rotated]:
     """``modes`` in the order of ``repetition``: rotated by one each repetition."""
     shift = repetition % len(modes)
     return [*modes[shift:], *modes[:shift]]

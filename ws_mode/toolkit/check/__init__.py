@@ -59,6 +59,7 @@ from .basic import (
     check_unknown_previous_response,
     check_warm_up,
     describe_refusal,
+    explain_refusal,
 )
 from .idle import (
     IDLE_HINTS,
@@ -132,6 +133,7 @@ __all__ = [
     "close_code",
     "describe_pings",
     "describe_refusal",
+    "explain_refusal",
     "find_ceiling",
     "format_report",
     "hint_for_error",

@@ -1,8 +1,8 @@
 """The handshake and protocol checks of ``ws-mode check``: whether the upgrade is accepted
 (:func:`check_handshake`, a refusal named by :func:`describe_refusal`: 426, 401/403, 404, 503
-while it drains, a proxy that strips ``Upgrade``), then, each on its own socket, a warm-up, a
-chained conversation, ``previous_response_not_found``, two lanes at once and the error envelope
-of a bad event. Needs websockets.
+while it drains, a proxy that strips ``Upgrade``; :func:`explain_refusal` adds what to change),
+then, each on its own socket, a warm-up, a chained conversation, ``previous_response_not_found``,
+two lanes at once and the error envelope of a bad event. Needs websockets.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ws_mode.testing._validation import check_events, error_code
 from ..http_client import describe_error
 from ..measure import format_seconds
 from .results import (
+    HINTS,
     CheckedTurn,
     CheckOptions,
     CheckResult,
@@ -98,6 +99,13 @@ def describe_refusal(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
     if isinstance(exc, TimeoutError):
         return "no answer to the handshake in time", "unreachable", {}
     return f"could not connect: {exc}", "unreachable", {}
+
+
+def explain_refusal(exc: BaseException) -> tuple[str, str]:
+    """Why a socket did not open, and what to change: :func:`describe_refusal`'s detail and
+    the words of its hint, as ``ws-mode check`` prints them (``ws-mode bench --url`` too)."""
+    detail, hint, _ = describe_refusal(exc)
+    return detail, HINTS.get(hint, hint)
 
 
 def check_handshake(target: Target, options: CheckOptions) -> CheckResult:

@@ -3,7 +3,8 @@
 By default it runs the rollout comparison (:mod:`ws_mode.toolkit.bench.rollout`); ``--proxy``
 runs :mod:`ws_mode.toolkit.bench.proxy` instead, ``--url`` :mod:`ws_mode.toolkit.bench.url`. The
 report holds measurements and ratios only; ``--check`` adds the project's goals
-(:mod:`ws_mode.toolkit.bench.goals`) and makes the command exit 1 when one is not met.
+(:mod:`ws_mode.toolkit.bench.goals`) and makes the command exit 1 when one is not met, as
+``--url`` does when the socket's answers differ from HTTP's.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run ``ws-mode bench``: measure, write the files asked for, print the report; 1 when
-    ``--check`` finds a goal not met. Raises :class:`~ws_mode.toolkit.bench.options.BenchError`."""
+    ``--check`` finds a goal not met, or ``--url`` socket answers that differ from HTTP's.
+    Raises :class:`~ws_mode.toolkit.bench.options.BenchError`."""
     from ..bench.goals import Goal, measured_goals, proxy_goals
     from ..bench.options import options_from_args
 
@@ -63,8 +65,17 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         url_report = run_url_bench(options, progress=say)
         save_url(url_report)
-        lines = format_url_report(url_report)
-    elif options.proxy:
+        for line in format_url_report(url_report):
+            print(line)
+        if url_report.mismatches:
+            print(
+                f"{PROG} bench: the socket's answers differ from HTTP's: "
+                + "; ".join(text.splitlines()[0] for text in url_report.mismatches),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    if options.proxy:
         from ..bench.proxy import format_proxy_report, run_proxy_bench, save_proxy
 
         proxy_report = run_proxy_bench(options, progress=say)
