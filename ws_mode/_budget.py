@@ -40,6 +40,8 @@ PRESSURE_SHARE = 4
 #: it its `MemoryBudget`: what the protocol holds before a message reaches the middleware (the
 #: fragments of a message not finished yet) is counted there.
 BUDGET_EXTENSION = "ws_mode.memory_budget"
+#: ws_mode's protocol, as uvicorn's `--ws` names it.
+BUDGET_PROTOCOL = "ws_mode.server:BatchingWebSocketProtocol"
 #: The key of the `websocket.receive` message that protocol hands on in place of a fragmented
 #: message the budget could not hold (its fragments dropped as they came): the receive loop
 #: answers `memory_budget_exceeded`, as for a whole message it cannot hold.
