@@ -13,11 +13,16 @@ overhead (`_budget.CONNECTION_COST`) per socket.
 - Messages left unfinished: every socket sends two fragments of a message (frames without
   FIN, just over 32 MiB each, so that glibc gives each its own mapping and RSS shows what is
   held) and holds back the last. Under uvicorn's default protocol the four sockets held 257 MiB
-  against the rule's 97; under the README's command each message is dropped once the budget
-  cannot hold it.
+  against the rule's 96; under the README's command each message is dropped once the budget
+  cannot hold it (1 MiB).
 - Large warm-ups: every socket sends one whole 60 MiB warm-up, which the budget refuses. Under
-  uvicorn's default protocol each socket kept it twice (the message and its frame's payload):
-  513 MiB; under the README's command nothing stays.
+  uvicorn's default protocol the four sockets kept 254 MiB (the message it read last, and its
+  frame's payload); under the README's command 14 MiB.
+
+And the middleware says once, at the first socket, when its server holds such messages outside
+the budget (no `ws_mode.memory_budget` in the scope): under uvicorn, naming the command to run
+instead; under a server that cannot run ws_mode's protocol, what stays outside and the setting
+that bounds it.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.examples.test_readme import RUN_COMMAND
 from tests.readme_budget_app import BUDGET_VARIABLE
 from tests.rss_server import MiB, stats, wait_for
-from tests.servers import ServeProcess, uvicorn_command
-from ws_mode._budget import CONNECTION_COST
+from tests.servers import ServeProcess, serve, uvicorn_command
+from ws_mode._asgi import Receive, Scope, Send
+from ws_mode._budget import BUDGET_PROTOCOL, CONNECTION_COST, outside_budget_warning
 
 BUDGET = 64 * MiB
 SOCKETS = 4
@@ -168,3 +175,46 @@ def test_large_warm_ups_keep_the_rule_under_the_readme_command() -> None:
         f"RSS grew {growth / MiB:.0f} MiB after {SOCKETS} refused warm-ups of "
         f"{WARM_UP_CHARS / MiB:.0f} MiB; the rule allows {BOUND / MiB:.0f}"
     )
+
+
+def _warnings(flags: list[str]) -> list[str]:
+    """The lines of the server's output that name the budget, after two sockets' turns."""
+    with readme_server(flags) as server:
+        for _ in range(2):
+            _baseline(server)
+        server.process.terminate()
+        assert server.process.stdout is not None
+        output = server.process.stdout.read()
+    return [line for line in output.splitlines() if "Limits.max_memory_bytes" in line]
+
+
+@pytest.mark.parametrize("protocol", ["websockets-sansio", "wsproto"])
+def test_uvicorn_s_own_protocol_is_named_once(protocol: str) -> None:
+    [line] = _warnings([*uvicorn_own(readme_flags()), "--ws", protocol])
+    assert "uvicorn's WebSocket protocol" in line
+    assert f"--ws {BUDGET_PROTOCOL}" in line
+    assert "ws-mode serve --app" in line
+
+
+def test_no_warning_under_the_readme_command() -> None:
+    assert _warnings(readme_flags()) == []
+
+
+async def _naming_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers a socket with the warning the middleware would log under this server."""
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": outside_budget_warning(receive, scope)})
+        await send({"type": "websocket.close"})
+
+
+def test_hypercorn_is_named_with_what_stays_outside() -> None:
+    with (
+        serve(_naming_app, "hypercorn") as base_url,
+        connect(base_url.replace("http", "ws", 1) + "/") as socket,
+    ):
+        line = str(socket.recv(timeout=10))
+    assert line.startswith("hypercorn holds a message still arriving")
+    assert "websocket_max_message_size" in line
+    assert f"--ws {BUDGET_PROTOCOL}" in line
