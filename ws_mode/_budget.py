@@ -143,7 +143,8 @@ class MemoryBudget:
 _OUTSIDE = {
     "hypercorn": (
         "hypercorn holds a message still arriving, decompressed, outside Limits.max_memory_bytes "
-        "(up to its websocket_max_message_size per socket, 16 MiB by default), and inflates a "
+        "(about its websocket_max_message_size per socket, 16 MiB by default, twice it at a "
+        "peak), and inflates a "
         "frame whole before it checks that limit, which no setting bounds; keep "
         "websocket_max_message_size at Limits.max_message_bytes + 1 MiB, and the worker's memory "
         "above the budget plus max_connections times it (docs/deployment.md, ASGI servers)"
