@@ -14,7 +14,8 @@ handler, so its input was never checked. The handler marks each response it chec
 Run (needs `pip install httpx`):
 
     UPSTREAM_URL=https://api.openai.com/v1 UPSTREAM_API_KEY=sk-... \\
-        uvicorn examples.cache_aware_gateway:app --ws-max-size 68157440
+        uvicorn examples.cache_aware_gateway:app \\
+        --ws ws_mode.server:BatchingWebSocketProtocol --ws-max-size 68157440
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ upstream stores by default). The command line does the same:
 Run (needs the proxy's HTTP client, the `proxy` extra: httpx, and aiohttp where installed):
 
     UPSTREAM_URL=https://api.openai.com/v1 uvicorn examples.cache_aware_proxy:app \\
-        --ws-max-size 68157440
+        --ws ws_mode.server:BatchingWebSocketProtocol --ws-max-size 68157440
 """
 
 from __future__ import annotations

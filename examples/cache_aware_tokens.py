@@ -14,7 +14,8 @@ generation prompt) outside the items: here the handler adds them around the item
 
 Run (needs `pip install tokenizers`, or the `cli` extra, for the stand-in tokenizer):
 
-    uvicorn examples.cache_aware_tokens:app --ws-max-size 68157440
+    uvicorn examples.cache_aware_tokens:app --ws ws_mode.server:BatchingWebSocketProtocol \\
+        --ws-max-size 68157440
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Start a server, then point the client at it:
 
-    uvicorn examples.fastapi_app:app          # or examples.starlette_app:app, which calls tools
+    uvicorn examples.fastapi_app:app --ws ws_mode.server:BatchingWebSocketProtocol
+    # or examples.starlette_app:app, which calls tools
     python examples/client_sdk.py --base-url http://127.0.0.1:8000/v1 "What time is it?" "Thanks"
 
 It works the same against OpenAI itself (`--base-url https://api.openai.com/v1 --model <model>`

@@ -3,7 +3,8 @@
 The README's "Use it" shows this file (all but this docstring) and runs it:
 
     pip install -e . fastapi "uvicorn[standard]" "openai[realtime]"
-    uvicorn examples.fastapi_app:app --ws-max-size 68157440
+    uvicorn examples.fastapi_app:app --ws ws_mode.server:BatchingWebSocketProtocol \\
+        --ws-max-size 68157440
 """
 
 import json

@@ -5,7 +5,8 @@ The handler is an ordinary, stateless `POST /v1/responses`: it reads the whole c
 response object otherwise. It knows nothing of sockets. A small scripted "model", loaded in the
 lifespan, calls the first function tool the request offers, then answers in text.
 
-Run:   uvicorn examples.starlette_app:app --ws-max-size 68157440
+Run:   uvicorn examples.starlette_app:app --ws ws_mode.server:BatchingWebSocketProtocol \\
+           --ws-max-size 68157440
 Try:   python examples/client_sdk.py --base-url http://127.0.0.1:8000/v1 "What time is it?"
 
 Set EXAMPLE_API_KEY to make the handler require `Authorization: Bearer <key>`; over the socket

@@ -230,6 +230,29 @@ def ws_mode_proxy(*flags: str, timeout: float = 10.0) -> Iterator[ServeProcess]:
 
 
 @contextlib.contextmanager
+def uvicorn_command(
+    arguments: list[str], *, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> Iterator[ServeProcess]:
+    """Run `uvicorn ARGUMENTS --port 0` as a command line does, from the repository's root
+    (its output, standard error included, on `process.stdout`); yield it once it names its
+    port, stop it after. `timeout` ends it by itself, should the test die first."""
+    command = [sys.executable, "-m", "uvicorn", *arguments, "--port", "0"]
+    if (limit := shutil.which("timeout")) is not None:
+        command = [limit, str(int(timeout)), *command]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        banner = first_line(process, "INFO:     Uvicorn running on", timeout=20)
+        found = re.search(r"http://127\.0\.0\.1:\d+", banner)
+        assert found, banner
+        yield ServeProcess(process, banner, found.group(0))
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
 def _ws_mode_command(
     command: str, flags: tuple[str, ...], *, cwd: Path | None, timeout: float
 ) -> Iterator[ServeProcess]:

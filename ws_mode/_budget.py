@@ -10,11 +10,23 @@ responses. A reservation that does not fit is refused, and the caller refuses th
 
 There is one account per process (`ACCOUNT`), shared by every middleware in it; each
 middleware enforces its own `Limits.max_memory_bytes` against the process's total.
+
+What the ASGI server holds of a message before the middleware reads it is counted only under
+ws_mode's protocol (`BUDGET_PROTOCOL`), which offers the extension `BUDGET_EXTENSION`; under
+any other, the first socket logs one warning per process (`warn_outside_budget`) saying what
+stays outside and what to run instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
 import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: What an idle socket costs the server (63 KiB measured with permessage-deflate, 29 KiB
 #: without, under uvicorn with ws_mode's protocol; docs/limits.md),
@@ -40,6 +52,8 @@ PRESSURE_SHARE = 4
 #: it its `MemoryBudget`: what the protocol holds before a message reaches the middleware (the
 #: fragments of a message not finished yet) is counted there.
 BUDGET_EXTENSION = "ws_mode.memory_budget"
+#: ws_mode's protocol, as uvicorn's `--ws` names it.
+BUDGET_PROTOCOL = "ws_mode.server:BatchingWebSocketProtocol"
 #: The key of the `websocket.receive` message that protocol hands on in place of a fragmented
 #: message the budget could not hold (its fragments dropped as they came): the receive loop
 #: answers `memory_budget_exceeded`, as for a whole message it cannot hold.
@@ -121,3 +135,88 @@ class MemoryBudget:
             self._pressure = 0
             return True
         return False
+
+
+#: What the servers that cannot run ws_mode's protocol hold of what a client sends before the
+#: middleware reads it, outside the budget, and the setting that bounds it (docs/deployment.md,
+#: measured with hypercorn 0.18, daphne 4.2 and granian 2.8).
+_OUTSIDE = {
+    "hypercorn": (
+        "hypercorn holds a message still arriving, decompressed, outside Limits.max_memory_bytes "
+        "(about its websocket_max_message_size per socket, 16 MiB by default, twice it at a "
+        "peak), and inflates a "
+        "frame whole before it checks that limit, which no setting bounds; keep "
+        "websocket_max_message_size at Limits.max_message_bytes + 1 MiB, and the worker's memory "
+        "above the budget plus max_connections times it (docs/deployment.md, ASGI servers)"
+    ),
+    "daphne": (
+        "daphne holds a message still arriving outside Limits.max_memory_bytes (up to its "
+        "--websocket-max-message-size per socket, as sent: it negotiates no compression); keep "
+        "--websocket-max-message-size and --websocket-max-frame-size at "
+        "Limits.max_message_bytes + 1 MiB, and the worker's memory above the budget plus "
+        "max_connections times it (docs/deployment.md, ASGI servers)"
+    ),
+    "granian": (
+        "granian holds a message still arriving outside Limits.max_memory_bytes (up to 64 MiB "
+        "per socket, about 75 MiB of memory, a limit it offers no setting for; as sent: it "
+        "negotiates no compression); keep the worker's memory above the budget plus "
+        "max_connections times 75 MiB, or lower max_connections (docs/deployment.md, ASGI "
+        "servers)"
+    ),
+}
+
+_warned = threading.Event()
+_warning = threading.Lock()  # servers may run in several threads of one process
+
+
+def server_name(receive: Callable[..., Any], scope: Mapping[str, Any]) -> str:
+    """Which ASGI server hands a socket's messages to `receive`: "uvicorn", "hypercorn",
+    "daphne", "granian", or "" when it cannot tell (the callable wrapped by another middleware,
+    another server). uvicorn and granian hand a method of their protocol; hypercorn and daphne
+    a queue's `get`, told apart by the server imported and the extension hypercorn offers."""
+    owner = getattr(receive, "__self__", None)
+    package = type(owner).__module__.partition(".")[0] if owner is not None else ""
+    if package in ("uvicorn", "granian"):
+        return package
+    if isinstance(owner, asyncio.Queue):
+        extensions = scope.get("extensions") or {}
+        if "hypercorn" in sys.modules and "websocket.http.response" in extensions:
+            return "hypercorn"
+        if "daphne" in sys.modules:
+            return "daphne"
+    return ""
+
+
+def outside_budget_warning(receive: Callable[..., Any], scope: Mapping[str, Any]) -> str:
+    """What a socket's server holds outside the budget, and what to do about it: the warning
+    for a server that does not offer `BUDGET_EXTENSION`."""
+    server = server_name(receive, scope)
+    if server in _OUTSIDE:
+        return (
+            f"{_OUTSIDE[server]}; only uvicorn can run ws_mode's protocol, which counts it "
+            f"(--ws {BUDGET_PROTOCOL})"
+        )
+    if server == "uvicorn":
+        protocol = type(getattr(receive, "__self__", None)).__name__
+        where = f"uvicorn's WebSocket protocol ({protocol})"
+    else:
+        where = "this server's WebSocket protocol"
+    return (
+        f"{where} holds what a client sends before ws_mode reads it outside "
+        "Limits.max_memory_bytes: a message still arriving, and messages read ahead, each up to "
+        "the server's message size limit per socket, decompressed (a few KiB on the wire with "
+        f"permessage-deflate); run uvicorn with --ws {BUDGET_PROTOCOL}, or ws-mode serve --app "
+        "MODULE:APP, whose protocol counts them (docs/deployment.md, uvicorn)"
+    )
+
+
+def warn_outside_budget(receive: Callable[..., Any], scope: Mapping[str, Any]) -> None:
+    """Log `outside_budget_warning` once per process (a WARNING): called for each socket whose
+    server does not offer `BUDGET_EXTENSION`."""
+    if _warned.is_set():
+        return
+    with _warning:
+        if _warned.is_set():
+            return
+        _warned.set()
+    logger.warning(outside_budget_warning(receive, scope))

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._asgi import Message, Receive, Scope, Send
 from ._auth import AuthenticationFailed, authenticate, failure_code
-from ._budget import BUDGET_EXTENSION, PARSE_FACTOR, REFUSED_MESSAGE
+from ._budget import BUDGET_EXTENSION, PARSE_FACTOR, REFUSED_MESSAGE, warn_outside_budget
 from ._cache import ResponseCache
 from ._client_events import (
     CreateEvent,
@@ -156,9 +156,11 @@ class Connection:
             accept["subprotocol"] = subprotocol
         if headers:
             accept["headers"] = headers
-        if BUDGET_EXTENSION in self.scope.get("extensions", {}):
+        if BUDGET_EXTENSION in (self.scope.get("extensions") or {}):
             # ws_mode's protocol: what it holds of a message still arriving is counted too.
             accept[BUDGET_EXTENSION] = self.settings.budget
+        else:  # said once per process, naming what stays outside and what to run instead
+            warn_outside_budget(self._receive, self.scope)
         await self._send(accept)
         if self._state is SocketState.CONNECTING:  # a drain may have come first
             self._state = SocketState.OPEN

@@ -16,8 +16,10 @@ uvicorn's logging themselves).
 of one pass of the event loop written in one system call instead of one each (a turn's burst of
 events), framing the application's messages itself and deflating only those of at least
 `deflate_threshold` bytes: `uvicorn app:app --ws ws_mode.server:BatchingWebSocketProtocol`, or
-`uvicorn.Config(app, ws=BatchingWebSocketProtocol)`. `ws-mode serve` and `ws-mode proxy` use it
-by default.
+`uvicorn.Config(app, ws=BatchingWebSocketProtocol)`. `ws-mode serve`, `ws-mode proxy` and
+`Server` (when its configuration names no other) use it by default: it also counts what a
+client is still sending in the middleware's memory budget, which uvicorn's own protocols hold
+outside it.
 
 `Server` also makes Python's garbage collector cheaper for a server holding many sockets
 (`ws_mode.tune_gc`, which needs no uvicorn: call it under any server).
@@ -48,7 +50,8 @@ __all__ = [
 
 class Server(uvicorn.Server):
     """A `uvicorn.Server` that stops accepting, then drains WebSocket mode, before it shuts
-    down.
+    down. It runs `BatchingWebSocketProtocol` unless the configuration names a WebSocket
+    protocol (uvicorn's `ws`, `"auto"` by default).
 
     `middlewares` defaults to those found in the configured app (`find_middlewares`).
     Once started it calls `tune_gc(gc_threshold)`; `gc_threshold=None` leaves Python's
@@ -64,6 +67,10 @@ class Server(uvicorn.Server):
     ) -> None:
         if gc_threshold is not None and gc_threshold < 1:
             raise ValueError(f"gc_threshold must be at least 1 or None, got {gc_threshold}")
+        if config.ws == "auto":
+            # uvicorn's default protocol holds a message still arriving outside the memory
+            # budget; ws_mode's counts it. A protocol named on purpose is kept.
+            config.ws = BatchingWebSocketProtocol
         super().__init__(config)
         self.gc_threshold = gc_threshold
         # uvicorn is started on purpose here, so its spurious line after a refusal is dropped.

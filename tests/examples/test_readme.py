@@ -1,14 +1,15 @@
 """The README's "Use it" snippets, run as a newcomer runs them: the install line covers what
 they import, the server block is `examples/fastapi_app.py`, the run command serves it, and the
 client snippet prints what the README says it prints; the quickstart's commands are the
-project's own. The whole cache-aware handler of docs/handlers.md answers as plain HTTP does on
-new items only. Neither page can drift from what works."""
+project's own. Every uvicorn command of the README, docs/deployment.md and docs/frameworks.md
+runs ws_mode's protocol (tests/library/test_memory_servers.py measures why). The whole
+cache-aware handler of docs/handlers.md answers as plain HTTP does on new items only. Neither
+page can drift from what works."""
 
 from __future__ import annotations
 
 import ast
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ import pytest
 from fastapi.responses import Response
 
 from examples.fastapi_app import answer
-from tests.servers import ROOT, first_line, serve, stop
+from tests.servers import ROOT, serve, uvicorn_command
+from ws_mode._budget import BUDGET_PROTOCOL
 from ws_mode.testing._loopback import ws_max_size
 from ws_mode.toolkit.rollout import run_http, run_socket
 
@@ -45,6 +47,8 @@ USE_IT = "## Use it"
 [INSTALL, RUN] = blocks(USE_IT, "bash")
 [SERVER, CLIENT] = blocks(USE_IT, "python")
 [OUTPUT] = blocks(USE_IT, "text")
+#: The README's command that runs the server, as words.
+[RUN_COMMAND] = [line.split() for line in RUN.splitlines()]
 
 
 def imported(code: str) -> set[str]:
@@ -74,28 +78,19 @@ def test_the_server_block_is_the_example_file() -> None:
 
 
 def test_the_run_command_serves_what_the_client_snippet_prints() -> None:
-    [command] = RUN.splitlines()
-    program, *arguments = command.split()
+    program, *arguments = RUN_COMMAND
     assert program == "uvicorn"
-    assert arguments == ["examples.fastapi_app:app", "--ws-max-size", str(ws_max_size())]
-    # The command as written, on a port of its own, ended by `timeout` if this test dies.
-    child = [sys.executable, "-m", "uvicorn", *arguments, "--port", "0"]
-    if (limit := shutil.which("timeout")) is not None:
-        child = [limit, "60", *child]
-    server = subprocess.Popen(
-        child, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        line = first_line(server, "INFO:     Uvicorn running on", timeout=20)
-        origin = re.search(r"http://127\.0\.0\.1:\d+", line)
-        assert origin, line
-        client = CLIENT.replace("http://127.0.0.1:8000", origin.group(0))
+    assert arguments == [
+        "examples.fastapi_app:app",
+        *("--ws", BUDGET_PROTOCOL),  # ws_mode's protocol: what a client sends counted
+        *("--ws-max-size", str(ws_max_size())),
+    ]
+    with uvicorn_command(arguments) as server:  # the command as written, on a port of its own
+        client = CLIENT.replace("http://127.0.0.1:8000", server.origin)
         assert client != CLIENT
         result = subprocess.run(
             [sys.executable, "-c", client], capture_output=True, text=True, timeout=30
         )
-    finally:
-        stop(server)
     assert result.returncode == 0, result.stderr
     prompt, *printed = OUTPUT.splitlines()
     assert prompt == "$ python client.py"
@@ -104,6 +99,38 @@ def test_the_run_command_serves_what_the_client_snippet_prints() -> None:
         == printed
         == ["I have seen 1 item(s).", "I have seen 3 item(s)."]
     )
+
+
+#: The pages whose commands a reader copies to run a server.
+SERVER_PAGES = ("README.md", "docs/deployment.md", "docs/frameworks.md")
+
+
+def uvicorn_commands(page: str) -> list[str]:
+    """The uvicorn command lines of a page that serve an app: each line of its bash blocks (a
+    line ending in a backslash joined to the next) and each inline code span, starting with
+    `uvicorn` and naming an app (`module:attribute`)."""
+    lines = [
+        " ".join(line.split())
+        for lang, code in FENCE.findall(page)
+        if lang == "bash"
+        for line in code.replace("\\\n", " ").splitlines()
+    ]
+    spans = [" ".join(span.split()) for span in re.findall(r"`(uvicorn [^`]+)`", page)]
+    return [
+        command
+        for command in lines + spans
+        if command.startswith("uvicorn ") and ":" in command.split()[1]
+    ]
+
+
+@pytest.mark.parametrize("name", SERVER_PAGES)
+def test_every_uvicorn_command_runs_ws_mode_s_protocol(name: str) -> None:
+    """uvicorn's own protocols hold what a client is still sending outside the memory budget;
+    ws_mode's counts it."""
+    commands = uvicorn_commands((ROOT / name).read_text())
+    assert commands
+    for command in commands:
+        assert f"--ws {BUDGET_PROTOCOL}" in command, (name, command)
 
 
 def test_the_quickstart_commands_are_the_project_s() -> None:

@@ -27,6 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from tests.fresh_python import fresh_output
 from ws_mode import GC_THRESHOLD, Limits, WebSocketModeMiddleware, find_middlewares, tune_gc
+from ws_mode._budget import BUDGET_EXTENSION
 from ws_mode.server import RefusalLineFilter, Server
 from ws_mode.testing._loopback import bind_loopback
 
@@ -194,6 +195,26 @@ async def test_on_shutdown_it_stops_listening_then_running_turns_finish_and_clos
     assert code == 1001  # "going away": the client reconnects elsewhere
     assert middleware.stats.turns == 1
     assert middleware.stats.turns_failed == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("ws", "counted"), [("auto", True), ("wsproto", False)])
+async def test_by_default_it_runs_ws_mode_s_protocol(ws: str, counted: bool) -> None:
+    """uvicorn's default WebSocket protocol holds a message still arriving outside the memory
+    budget; ws_mode's offers the budget extension. A protocol named on purpose is kept."""
+    offered: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()  # websocket.connect
+        offered.append(BUDGET_EXTENSION in scope["extensions"])
+        await send({"type": "websocket.close"})
+
+    server = Server(uvicorn.Config(app, lifespan="off", log_config=None, ws=ws), gc_threshold=None)
+    async with running(server) as base_url:
+        with contextlib.suppress(InvalidStatus, ConnectionClosed):
+            async with connect(base_url + "/"):
+                pass
+    assert offered == [counted]
 
 
 @pytest.mark.anyio

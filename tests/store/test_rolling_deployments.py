@@ -39,7 +39,7 @@ from tests.redis_server import RedisServer
 from tests.rolling import converse, http_answer
 from tests.serve_workers import replaced, serving_worker, wait_for_workers
 from tests.servers import ROOT, free_port, stop, ws_mode_serve
-from ws_mode.testing._loopback import ws_max_size
+from ws_mode.testing._loopback import UVICORN_WS, ws_max_size
 from ws_mode.toolkit.cli.serve import APP_FACTORY, ENVIRONMENT
 
 #: How long the workers may take to start, on a busy machine.
@@ -71,7 +71,8 @@ def uvicorn_workers(tokens_per_second: str) -> Iterator[Uvicorn]:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
         command = [sys.executable, "-m", "uvicorn", "--factory", APP_FACTORY, "--workers", "2"]
-        command += ["--timeout-worker-healthcheck", "30", "--ws-max-size", str(ws_max_size())]
+        command += ["--timeout-worker-healthcheck", "30", "--ws", UVICORN_WS]
+        command += ["--ws-max-size", str(ws_max_size())]
         command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         process = subprocess.Popen(
             command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from .._asgi import ASGIApp
+from .._budget import BUDGET_PROTOCOL
 from .._limits import Limits
 
 #: How often the servers started here ping their sockets, to find peers that vanished.
@@ -42,7 +43,7 @@ PING_SECONDS: Final = 20.0
 #: (:class:`ws_mode.server.BatchingWebSocketProtocol`). Named, not left to ``auto``, so that no
 #: uvicorn the extras allow serves with its ``websockets`` implementation, which is built on
 #: ``websockets.legacy`` (deprecated since websockets 14).
-UVICORN_WS: Final = "ws_mode.server:BatchingWebSocketProtocol"
+UVICORN_WS: Final = BUDGET_PROTOCOL
 #: uvicorn's WebSocket implementations by the names ``--ws`` takes (``ws-mode serve``, ``ws-mode
 #: proxy``, the benches): uvicorn's ``ws`` setting (not its deprecated ``websockets`` one), and
 #: ``batched``, ours.

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 
+from ws_mode._budget import BUDGET_EXTENSION
+
 __all__ = ["event_loop_runner", "socket_scope", "uvicorn_deflate"]
 
 _T = TypeVar("_T")
@@ -43,7 +45,9 @@ def socket_scope(path: str) -> dict[str, Any]:
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8000),
         "subprotocols": [],
-        "extensions": {},
+        # Whole messages, handed straight to the middleware: nothing held outside its budget
+        # (as under ws_mode's protocol, which offers this extension).
+        "extensions": {BUDGET_EXTENSION: {}},
     }
 
 
