@@ -28,6 +28,7 @@ from starlette.routing import Route
 from websockets.asyncio.client import connect as websockets_connect
 
 from tests.logfmt import AccessLine, read
+from tests.nginx import needs_nginx, nginx
 from tests.redis_server import RedisServer
 from tests.servers import serve
 from ws_mode import Limits, WebSocketModeMiddleware
@@ -261,6 +262,22 @@ def test_a_forwarded_address_cannot_forge_a_field_and_records_hold_bounded_value
     )
     assert record_size(record) < 5000
     assert record_size(closed) < 5000
+
+
+@needs_nginx
+def test_a_socket_behind_nginx_logs_its_client_without_a_port_it_does_not_know(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    """Behind the documented nginx, uvicorn honours its X-Forwarded-For (127.0.0.1 is
+    trusted by default): the scope's client is the forwarded address with port 0, which is
+    no port. Written as such, not as `127.0.0.1:0`."""
+    with serve(middleware()) as upstream, nginx(upstream) as proxied:
+        with connect(proxied) as sock:
+            assert turn(sock)["type"] == "response.completed"
+        (record,), (closed,) = lines(access, connection_line=ANY_CLIENT_CONNECTION_LINE)
+    assert parsed(record, ANY_CLIENT_TURN_LINE)["client"] == "127.0.0.1"
+    assert parsed(closed, ANY_CLIENT_CONNECTION_LINE)["client"] == "127.0.0.1"
+    assert record.__dict__["client_addr"] == "127.0.0.1"
 
 
 def test_an_id_longer_than_any_issued_is_refused_on_arrival_and_never_logged(
