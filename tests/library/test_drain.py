@@ -4,7 +4,8 @@ accepted when it begins (its `authenticate` hook still running) is answered 503
 `server_shutting_down` with `Retry-After`; a draining socket starts no turn by any path (a
 steer is refused, a queued create is not started, no successor runs for steering input
 accepted before); and the access log says when the drain began and how it ended, and logs the
-refused creates with their `previous_response_id`, apart from the turns."""
+refused creates with their `previous_response_id`, apart from the turns. Plain uvicorn sent
+SIGTERM answers such an upgrade itself, before the application hears of its shutdown."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tests.servers import ws_mode_serve
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode._access_log import ACCESS_LOGGER
 from ws_mode.server import Server
+from ws_mode.testing._loopback import server_process
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -293,3 +295,63 @@ async def test_ws_mode_serve_sent_sigterm_refuses_an_upgrade_still_in_authentica
     assert kinds[-1] == "response.completed"
     assert code == 1001
     print(f"the upgrade in authenticate was refused {answered:.3f}s after SIGTERM")
+
+
+#: A child of `server_process` (plain uvicorn, lifespan on): the same app, its access log in
+#: the file `ACCESS_LOG` names.
+PLAIN_UVICORN_CHILD = """
+import argparse, logging, os
+from slow_app import app
+from ws_mode.testing._loopback import add_child_arguments, serve_inherited
+
+access = logging.getLogger("ws_mode.access")
+access.setLevel(logging.INFO)
+access.addHandler(logging.FileHandler(os.environ["ACCESS_LOG"]))
+parser = argparse.ArgumentParser()
+add_child_arguments(parser)
+serve_inherited(app, parser.parse_args(), lifespan="on")
+"""
+
+
+@pytest.mark.anyio
+async def test_plain_uvicorn_sent_sigterm_never_accepts_an_upgrade_still_in_authenticate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain uvicorn (no `Server`) closes its sockets (1012) and answers the upgrades not yet
+    accepted itself (500) as its shutdown begins, before the application hears of it: the
+    middleware cannot make that a 503 or give turns a grace. What it does: the upgrade whose
+    hook ends afterwards is never accepted, and the drain at the lifespan shutdown says what it
+    found (nothing left: uvicorn closed it all)."""
+    (tmp_path / "slow_app.py").write_text(textwrap.dedent(SLOW_APP))
+    (tmp_path / "plain_uvicorn_child.py").write_text(textwrap.dedent(PLAIN_UVICORN_CHILD))
+    files = {name: tmp_path / name for name in ("AUTH_ENTERED", "TURN_STARTED", "TURN_RELEASE")}
+    for name, path in files.items():
+        monkeypatch.setenv(name, str(path))
+    access_log = tmp_path / "access.log"
+    monkeypatch.setenv("ACCESS_LOG", str(access_log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    with server_process("plain_uvicorn_child", lifetime=120) as child:
+        url = child.base_url.replace("http", "ws") + "/v1/responses"
+        async with connect(url, open_timeout=HANG) as socket:
+            await send_create(socket)
+            await until_exists(files["TURN_STARTED"])
+            slow = asyncio.create_task(upgrade(url, **{"x-slow": "1"}))
+            await until_exists(files["AUTH_ENTERED"])
+            os.kill(child.pid, signal.SIGTERM)
+            status, _ = await asyncio.wait_for(slow, HANG)
+            kinds, code = await until_closed(socket)
+        await until(lambda: "drain ended" in access_log.read_text())
+    assert status == 500  # uvicorn's own answer, before the app hears of the shutdown
+    assert "response.completed" not in kinds
+    assert code == 1012
+    lines = access_log.read_text().splitlines()
+    # The drain came after uvicorn had closed every socket and waited for the upgrade's hook.
+    (began,) = [dict(read(line)) for line in lines if line.startswith("drain began")]
+    assert (began["sockets"], began["turns"], began["upgrades"]) == ("0", "0", "0")
+    # The upgrade in authenticate: its accept went to a socket uvicorn had closed (1006), and
+    # it took no turn.
+    closed = [dict(read(line)) for line in lines if '"WebSocket /v1/responses"' in line]
+    assert sorted((fields["by"], fields["turns"]) for fields in closed) == [
+        ("client", "0"),
+        ("server", "1"),
+    ]
