@@ -235,7 +235,8 @@ async def test_a_draining_socket_starts_no_turn_by_any_path(
 
 
 #: An app for `ws-mode serve --app`: a turn held until a file exists, an authenticate hook
-#: holding the upgrades that ask (`x-slow`) for two seconds.
+#: holding the upgrades that ask (`x-slow`) until another file exists (as a slow hook that ends
+#: once the shutdown has begun).
 SLOW_APP = """
 import asyncio, os
 from starlette.applications import Starlette
@@ -246,7 +247,10 @@ from ws_mode import WebSocketModeMiddleware
 async def authenticate(scope):
     if (b"x-slow", b"1") in scope["headers"]:
         open(os.environ["AUTH_ENTERED"], "w").close()
-        await asyncio.sleep(2)
+        for _ in range(3000):
+            if os.path.exists(os.environ["AUTH_RELEASE"]):
+                break
+            await asyncio.sleep(0.01)
     return "someone"
 
 async def respond(request):
@@ -265,8 +269,25 @@ app = WebSocketModeMiddleware(
 """
 
 
+NAMES = ("AUTH_ENTERED", "AUTH_RELEASE", "TURN_STARTED", "TURN_RELEASE")
+
+
 async def until_exists(path: Path) -> None:
     await until(path.exists)
+
+
+async def until_not_listening(url: str) -> None:
+    """Wait until nothing listens at `url`'s port: the server's shutdown has begun (`Server`
+    and uvicorn close their listening sockets first)."""
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    async with asyncio.timeout(HANG):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionRefusedError:
+                return
+            writer.close()
+            await asyncio.sleep(0.01)
 
 
 @pytest.mark.anyio
@@ -274,7 +295,7 @@ async def test_ws_mode_serve_sent_sigterm_refuses_an_upgrade_still_in_authentica
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "slow_app.py").write_text(textwrap.dedent(SLOW_APP))
-    files = {name: tmp_path / name for name in ("AUTH_ENTERED", "TURN_STARTED", "TURN_RELEASE")}
+    files = {name: tmp_path / name for name in NAMES}
     for name, path in files.items():
         monkeypatch.setenv(name, str(path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
@@ -287,6 +308,8 @@ async def test_ws_mode_serve_sent_sigterm_refuses_an_upgrade_still_in_authentica
             await until_exists(files["AUTH_ENTERED"])
             sent = time.monotonic()
             served.process.send_signal(signal.SIGTERM)
+            await until_not_listening(url)  # the drain has begun
+            files["AUTH_RELEASE"].touch()  # the hook ends now, after the drain began
             status, headers = await asyncio.wait_for(slow, HANG)
             answered = time.monotonic() - sent
             files["TURN_RELEASE"].touch()
@@ -324,7 +347,7 @@ async def test_plain_uvicorn_sent_sigterm_never_accepts_an_upgrade_still_in_auth
     found (nothing left: uvicorn closed it all)."""
     (tmp_path / "slow_app.py").write_text(textwrap.dedent(SLOW_APP))
     (tmp_path / "plain_uvicorn_child.py").write_text(textwrap.dedent(PLAIN_UVICORN_CHILD))
-    files = {name: tmp_path / name for name in ("AUTH_ENTERED", "TURN_STARTED", "TURN_RELEASE")}
+    files = {name: tmp_path / name for name in NAMES}
     for name, path in files.items():
         monkeypatch.setenv(name, str(path))
     access_log = tmp_path / "access.log"
@@ -338,6 +361,8 @@ async def test_plain_uvicorn_sent_sigterm_never_accepts_an_upgrade_still_in_auth
             slow = asyncio.create_task(upgrade(url, **{"x-slow": "1"}))
             await until_exists(files["AUTH_ENTERED"])
             os.kill(child.pid, signal.SIGTERM)
+            await until_not_listening(url)  # uvicorn's shutdown has begun
+            files["AUTH_RELEASE"].touch()
             status, _ = await asyncio.wait_for(slow, HANG)
             kinds, code = await until_closed(socket)
         await until(lambda: "drain ended" in access_log.read_text())
