@@ -5,8 +5,8 @@ cut in two::
     127.0.0.1:52624 - "response.create /v1/responses" completed 41.2ms conn=3f9a1c2e
         lane=- id=resp_0a1b previous=- cache=- in=312 out=5120 tokens_in=1830 tokens_out=96
         code=-
-    127.0.0.1:52624 - "WebSocket /v1/responses" 1000 8.214s conn=3f9a1c2e by=client turns=5
-        in=1560 out=25600 reason=-
+    127.0.0.1:52624 - "WebSocket /v1/responses" 1001 8.214s conn=3f9a1c2e by=server turns=5
+        refused=0 in=1560 out=25600 reason="server shutting down"
 
 As uvicorn does, the lines are written by default (`WebSocketModeMiddleware(access_log=False)`
 turns them off, as ``uvicorn --no-access-log``) and the library adds no handler: they reach
