@@ -5,8 +5,8 @@ cut in two::
     127.0.0.1:52624 - "response.create /v1/responses" completed 41.2ms conn=3f9a1c2e
         lane=- id=resp_0a1b previous=- cache=- in=312 out=5120 tokens_in=1830 tokens_out=96
         code=-
-    127.0.0.1:52624 - "WebSocket /v1/responses" 1000 8.214s conn=3f9a1c2e by=client turns=5
-        in=1560 out=25600 reason=-
+    127.0.0.1:52624 - "WebSocket /v1/responses" 1001 8.214s conn=3f9a1c2e by=server turns=5
+        refused=0 in=1560 out=25600 reason="server shutting down"
 
 As uvicorn does, the lines are written by default (`WebSocketModeMiddleware(access_log=False)`
 turns them off, as ``uvicorn --no-access-log``) and the library adds no handler: they reach
@@ -14,21 +14,30 @@ whatever the application configured for ``ws_mode.access`` (or its parents), and
 built while that logger is not enabled for INFO (Python's default: WARNING). Each record also
 carries the line's values as attributes (``record.connection_id``, ``record.status``, ...), for
 a structured (JSON) formatter. A value a client sent (its address too: behind a proxy it is
-what ``X-Forwarded-For`` said) is written as it is when it is a plain token (``resp_1``,
-``lane-2``), else quoted and escaped (`ws_mode._logs.for_log`); on the record each string is
-cut to the same bound but not escaped (`ws_mode._logs.cut_strings`: the formatter encodes
-it), so a record held by a queued or buffering handler holds no more of a client's values
-than the line. The fields are described in docs/operations.md, "Access log".
+the server's proxy-headers handling took from ``X-Forwarded-For``), like every value of a
+line, is written as logfmt writes it: as it is when it is a plain token (``resp_1``,
+``lane-2``), else in double quotes, escaped (`ws_mode._logs.for_logfmt`), so a logfmt reader
+reads each field as written and no value forges one; on the record each string is cut to the
+same bound but not escaped (`ws_mode._logs.cut_strings`: the formatter encodes it), so a record
+held by a queued or buffering handler holds no more of a client's values than the line.
+
+A drain writes two lines of its own, when it begins (the sockets, the turns running and the
+upgrades not yet accepted it deals with) and when it ends (how long it took, how many of those
+turns finished and how many the grace cut)::
+
+    drain began path=/v1/responses sockets=2 turns=1 upgrades=0 grace=30.000s
+    drain ended path=/v1/responses duration=0.412s sockets=2 turns_finished=1 turns_cut=0
+
+The fields are described in docs/operations.md, "Access log".
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from typing import TYPE_CHECKING, Final
 
-from ._logs import _UntilConfigured, cut_strings, for_log
+from ._logs import _UntilConfigured, cut_strings, for_logfmt
 
 if TYPE_CHECKING:
     from ._records import ConnectionRecord, TurnRecord
@@ -41,25 +50,12 @@ _TURN_LINE: Final = (
     "in=%d out=%d tokens_in=%s tokens_out=%s code=%s"
 )
 _CONNECTION_LINE: Final = (
-    '%s - "WebSocket %s" %s %.3fs conn=%s by=%s turns=%d in=%d out=%d reason=%s'
+    '%s - "WebSocket %s" %s %.3fs conn=%s by=%s turns=%d refused=%d in=%d out=%d reason=%s'
 )
-_PLAIN: Final = re.compile(r"[\w.:/@+-]{1,128}", re.ASCII)
-
-
-def _value(value: str | None) -> str:
-    """A value as it goes in a line: ``-`` for none, a plain token as it is, anything else
-    quoted and escaped, its spaces too (``'a\\x20b'``), so that no value can forge a field or
-    a line."""
-    if value is None:
-        return "-"
-    return value if _PLAIN.fullmatch(value) else for_log(value).replace(" ", "\\x20")
-
-
-def _last(value: str | None) -> str:
-    """The line's last value (a close's reason): as `_value`, its spaces kept."""
-    if value is None:
-        return "-"
-    return value if _PLAIN.fullmatch(value) else for_log(value)
+_DRAIN_BEGAN_LINE: Final = "drain began path=%s sockets=%d turns=%d upgrades=%d grace=%.3fs"
+_DRAIN_ENDED_LINE: Final = (
+    "drain ended path=%s duration=%.3fs sockets=%d turns_finished=%d turns_cut=%d"
+)
 
 
 def turn_line(record: TurnRecord) -> None:
@@ -71,20 +67,20 @@ def turn_line(record: TurnRecord) -> None:
     usage = record.usage
     logger.info(
         _TURN_LINE,
-        _value(connection.client),
+        for_logfmt(connection.client),
         connection.path,
         record.status,
         duration_ms,
         connection.id,
-        _value(record.stream_id),
-        _value(record.response_id),
-        _value(record.previous_response_id),
+        for_logfmt(record.stream_id),
+        for_logfmt(record.response_id),
+        for_logfmt(record.previous_response_id),
         record.cache or "-",
         record.bytes_in,
         record.bytes_out,
         usage.input_tokens if usage is not None else "-",
         usage.output_tokens if usage is not None else "-",
-        _value(record.error_code),
+        for_logfmt(record.error_code),
         extra=cut_strings(
             {
                 "client_addr": connection.client,
@@ -116,16 +112,17 @@ def connection_line(record: ConnectionRecord) -> None:
         return
     logger.info(
         _CONNECTION_LINE,
-        _value(record.client),
+        for_logfmt(record.client),
         record.path,
         record.close_code,
         record.duration,
         record.id,
         record.closed_by,
         record.turns,
+        record.refused,
         record.bytes_in,
         record.bytes_out,
-        _last(record.close_reason),
+        for_logfmt(record.close_reason),
         extra=cut_strings(
             {
                 "client_addr": record.client,
@@ -134,11 +131,60 @@ def connection_line(record: ConnectionRecord) -> None:
                 "close_reason": record.close_reason,
                 "closed_by": record.closed_by,
                 "turns": record.turns,
+                "refused": record.refused,
                 "duration_ms": round(record.duration * 1000, 3),
                 "bytes_in": record.bytes_in,
                 "bytes_out": record.bytes_out,
             }
         ),
+    )
+
+
+def drain_began_line(path: str, sockets: int, turns: int, upgrades: int, grace: float) -> None:
+    """Write the line of a drain beginning: the `sockets` open, the `turns` running on them,
+    which it gives up to `grace` seconds, and the `upgrades` not yet accepted, which it
+    refuses."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    logger.info(
+        _DRAIN_BEGAN_LINE,
+        for_logfmt(path),
+        sockets,
+        turns,
+        upgrades,
+        grace,
+        extra={
+            "drain": "began",
+            "path": path,
+            "sockets": sockets,
+            "turns": turns,
+            "upgrades": upgrades,
+            "grace_seconds": grace,
+        },
+    )
+
+
+def drain_ended_line(path: str, duration: float, sockets: int, finished: int, cut: int) -> None:
+    """Write the line of a drain that ended after `duration` seconds: of the turns running
+    when it began on its `sockets`, `finished` ended by themselves, `cut` were still running
+    when the grace ran out."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    logger.info(
+        _DRAIN_ENDED_LINE,
+        for_logfmt(path),
+        duration,
+        sockets,
+        finished,
+        cut,
+        extra={
+            "drain": "ended",
+            "path": path,
+            "duration_ms": round(duration * 1000, 3),
+            "sockets": sockets,
+            "turns_finished": finished,
+            "turns_cut": cut,
+        },
     )
 
 

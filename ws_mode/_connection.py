@@ -34,6 +34,7 @@ from ._lanes import Lanes
 from ._persistence import StoreLink, store_scope
 from ._protocol import (
     SERVER_SHUTTING_DOWN,
+    SERVER_SHUTTING_DOWN_MESSAGE,
     encode_event,
     error_event,
     error_type_for_status,
@@ -117,6 +118,8 @@ class Connection:
         self._expired: str | None = None  # why the timer ended the receive
         self._authenticated_at = 0.0
         self._owner: str | None = None  # whose stored responses this connection sees
+        #: The turns running now (a turn and the successors its steering input calls for).
+        self.running = 0
 
     # The socket.
 
@@ -270,19 +273,29 @@ class Connection:
                 "idle timeout",
             )
 
-    async def drain(self, grace: float) -> None:
-        """Refuse new requests, let running and queued turns finish for up to `grace`
-        seconds, then close with 1001 so clients reconnect elsewhere."""
+    def begin_draining(self) -> None:
+        """The server shuts down: from now on no turn starts on this socket (a create or a
+        steer is refused with `server_shutting_down`, a queued create too as its turn comes,
+        and no successor starts for steering input); the turns running go on."""
         if self._state in (SocketState.CONNECTING, SocketState.OPEN):
             self._state = SocketState.DRAINING
+        self.turns.draining = True
+
+    async def drain(self, grace: float) -> int:
+        """Refuse new requests (`begin_draining`), let the running turns finish for up to
+        `grace` seconds, then close with 1001 so clients reconnect elsewhere. Return how many
+        turns the grace cut (still running when it ran out)."""
+        self.begin_draining()
         deadline = asyncio.get_running_loop().time() + grace
         while tasks := self.lanes.tasks():
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
             await asyncio.wait(tasks, timeout=remaining)
+        cut = self.running
         await self.lanes.stop()
         await self._close(GOING_AWAY, "server shutting down")
+        return cut
 
     async def _end(self, code: str, message: str, reason: str) -> None:
         """Tell the client why the connection ends, then close with 1001 so it reconnects.
@@ -432,23 +445,28 @@ class Connection:
             # A create refused before it runs (its fields, its stream_id, a bound of the lanes)
             # leaves its access-log line as a turn that failed.
             if isinstance(event, CreateEvent) or exc.on_lane or exc.code == "invalid_stream_id":
-                self._create_refused(exc, size)
+                previous = event.previous_response_id if isinstance(event, CreateEvent) else None
+                self._create_refused(exc, size, previous)
             # A busy lane answers it after what runs before it.
             if not self.lanes.refuse_in_order(exc):
                 await self.send_error(exc.event())
 
-    def _create_refused(self, error: ProtocolError, bytes_in: int) -> None:
+    def _create_refused(
+        self, error: ProtocolError, bytes_in: int, previous_response_id: str | None
+    ) -> None:
+        """The access-log line of a create refused before it ran, counted among the
+        connection's refused creates (not its turns)."""
         observer = self.settings.observer
         record = observer.turn_started(
             self.record,
             stream_id=error.stream_id,
-            previous_response_id=None,
+            previous_response_id=previous_response_id,
             model=None,
             bytes_in=bytes_in,
         )
         record.failed(error.code)
         record.bytes_out = len(encode_event(error.event()))
-        observer.turn_ended(record)
+        observer.turn_ended(record, refused=True)
 
     def _too_large(self, text: str) -> bool:
         limit = self.limits.max_message_bytes
@@ -472,13 +490,7 @@ class Connection:
 
     def _submit(self, create: CreateEvent, cost: int = 0) -> None:
         if self._state is SocketState.DRAINING:
-            raise ProtocolError(
-                "The server is shutting down; reconnect to continue.",
-                code=SERVER_SHUTTING_DOWN,
-                status=503,
-                type="server_error",
-                stream_id=create.stream_id,
-            )
+            raise _shutting_down(create)
         self.lanes.submit(create, cost)
 
     async def check_credentials(
@@ -527,14 +539,34 @@ class Connection:
         return state is not SocketState.REFUSING and state is not SocketState.CLOSED
 
     async def _run_turn(self, create: CreateEvent) -> None:
+        if self._state is SocketState.DRAINING:
+            # Queued before the drain began: a drain starts no turn. Answered as a create
+            # sent now would be, in its lane's order.
+            refusal = _shutting_down(create)
+            self._create_refused(refusal, create.size, create.previous_response_id)
+            await self.send_error(refusal.event())
+            return
+        self.running += 1
         try:
             await self.check_credentials()  # as it starts: it may have waited in its lane
             await self.turns.run(create)
         finally:
+            self.running -= 1
             self._active_at = asyncio.get_running_loop().time()
 
     async def _refuse(self, error: ProtocolError) -> None:
         await self.send_error(error.event())
+
+
+def _shutting_down(create: CreateEvent) -> ProtocolError:
+    """The refusal of a create during a drain."""
+    return ProtocolError(
+        SERVER_SHUTTING_DOWN_MESSAGE,
+        code=SERVER_SHUTTING_DOWN,
+        status=503,
+        type="server_error",
+        stream_id=create.stream_id,
+    )
 
 
 class _SendGate:

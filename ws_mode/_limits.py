@@ -46,7 +46,8 @@ class Limits:
     for the writes under way).
     `after_response_grace_seconds` is how long post-response work (`on_response`, a handler
     still running after its terminal event) may run on once its connection closed;
-    `close_timeout_seconds` bounds sending the close frame; `max_buffered_answer_bytes`
+    `close_timeout_seconds` bounds sending the close frame (and how long a drain waits for
+    its 503 answers to the upgrades not yet accepted); `max_buffered_answer_bytes`
     bounds an error or JSON answer of the handler, which is read whole, and one event of a
     streamed answer (the stream's length is not bounded).
 

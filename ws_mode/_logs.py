@@ -29,12 +29,19 @@ of a log record (for a structured formatter) or of a span (for an exporter, whic
 :func:`cut` bounds it: the same `LOG_VALUE_CHARS`, so a record or a span queued behind a slow
 handler or a collector that is down holds a few hundred characters of each value, never what
 the client sent.
+
+**Values of key=value lines.** The access log's lines are logfmt fields (``conn=3f9a1c2e
+previous=resp_1``): there a value goes through :func:`for_logfmt`, written as it is when it is
+a plain token, else in double quotes with ``"`` and ``\\`` escaped by a backslash and every
+character that is not printable escaped as ``repr`` does, so a logfmt reader reads one value
+whatever it holds (a space, a quote, an ``=``, a newline), cut to the same bound.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import sys
 from typing import Any, Final
 
@@ -67,6 +74,34 @@ def for_log(value: object, limit: int = LOG_VALUE_CHARS) -> str:
     else:
         escaped = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
     return f"{escaped}... ({size} {unit})" if size > limit else escaped
+
+
+#: A value a logfmt line takes as it is: no space, quote, ``=``, backslash or control character.
+_PLAIN: Final = re.compile(r"[\w.:/@+-]{1,128}", re.ASCII)
+_QUOTED: Final = str.maketrans({'"': '\\"', "\\": "\\\\"})
+
+
+def for_logfmt(value: str | None, limit: int = LOG_VALUE_CHARS) -> str:
+    """`value` as a logfmt line's value: ``-`` for None; a plain token (``resp_1``,
+    ``lane-2``, ``127.0.0.1:5000``) as it is; anything else (``-`` itself too) in double
+    quotes, ``"`` and ``\\`` escaped with a backslash, each character that is not printable
+    escaped as ``repr`` writes it (``\\n``, ``\\x1b``), its first `limit` characters then
+    ``... (N characters)`` inside the quotes. A logfmt reader reads it as one value: no value
+    forges a field or a line."""
+    if value is None:
+        return "-"
+    if value != "-" and _PLAIN.fullmatch(value):
+        return value
+    text = value[:limit]
+    if text.isprintable():
+        escaped = text.translate(_QUOTED)
+    else:
+        escaped = "".join(
+            char.translate(_QUOTED) if char.isprintable() else repr(char)[1:-1] for char in text
+        )
+    if len(value) > limit:
+        escaped += f"... ({len(value)} characters)"
+    return f'"{escaped}"'
 
 
 def cut(value: str, limit: int = LOG_VALUE_CHARS) -> str:

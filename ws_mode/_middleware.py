@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from . import _logs as logs
 from . import _stack as stack
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
+T = TypeVar("T")
 Init = Callable[Concatenate["WebSocketModeMiddleware", ASGIApp, P], None]
 
 
@@ -272,6 +275,12 @@ class WebSocketModeMiddleware:
         self._open: set[Connection] = set()
         self._per_client: dict[Any, int] = {}
         self._draining = False
+        #: One future per upgrade hook running now, resolved when a drain begins: the
+        #: upgrade is refused at once (futures, not an `asyncio.Event`, which binds itself to
+        #: one event loop, where the same middleware may be served on another one later).
+        self._drain_waiters: set[asyncio.Future[None]] = set()
+        #: The upgrades admitted and not yet accepted or refused, each resolved as it is.
+        self._upgrading: set[asyncio.Future[None]] = set()
         #: Counters of this middleware's connections and turns (`stats.snapshot()`).
         self.stats = self.settings.stats
         # A copy: a scrape may run in another thread (prometheus_client's own HTTP server).
@@ -282,18 +291,52 @@ class WebSocketModeMiddleware:
 
     async def drain(self, grace: float | None = None) -> None:
         """Shut WebSocket mode down gracefully: refuse new sockets (HTTP 503 with
-        `Retry-After`, which clients retry) and new requests,
+        `Retry-After`, which clients retry), those not yet accepted too (their `authenticate`
+        or `handshake_headers` hook still running: answered at once, within
+        `Limits.close_timeout_seconds`), and new work on the open ones (a create, queued or
+        new, a steer, a successor turn for steering input: `server_shutting_down`);
         give running turns up to `grace` seconds (default `Limits.shutdown_grace_seconds`),
         then close every socket with 1001 so clients reconnect; last, wait for the store
         writes under way in this process to land (each ends within
         `Limits.store_write_seconds`), and for the tracer provider to export the spans it
-        holds. Call it before the server closes its
+        holds. The access log has a line as it begins and one as it ends. Call it before the
+        server closes its
         connections (`ws_mode.server.Server` does, for uvicorn); the lifespan shutdown calls
         it too."""
+        began = not self._draining
         self._draining = True
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         if grace is None:
             grace = self.settings.limits.shutdown_grace_seconds
-        await asyncio.gather(*(connection.drain(grace) for connection in list(self._open)))
+        started = time.perf_counter()
+        connections = list(self._open)
+        for connection in connections:
+            connection.begin_draining()
+        upgrading = set(self._upgrading)
+        running = sum(connection.running for connection in connections)
+        if began:
+            self.settings.observer.drain_began(
+                self.settings.path,
+                sockets=len(connections),
+                turns=running,
+                upgrades=len(upgrading),
+                grace=grace,
+            )
+        # Upgrades not yet accepted (their authenticate or handshake_headers hook running)
+        # are answered 503 now: the server's own shutdown would cut them later.
+        if upgrading:
+            await asyncio.wait(upgrading, timeout=self.settings.limits.close_timeout_seconds)
+        cut = sum(await asyncio.gather(*(connection.drain(grace) for connection in connections)))
+        if began:
+            self.settings.observer.drain_ended(
+                self.settings.path,
+                duration=time.perf_counter() - started,
+                sockets=len(connections),
+                finished=max(running - cut, 0),
+                cut=cut,
+            )
         await flush_writes(self.settings.limits.store_write_seconds)
         tracing = self.settings.observer.tracing
         if tracing is not None:
@@ -326,14 +369,7 @@ class WebSocketModeMiddleware:
             # Only an upgrade that got in just before the server stopped listening, or one to
             # a server that drains while it listens: 503, which clients retry (elsewhere,
             # through a balancer), where a 426 would send Codex to HTTP for good.
-            await self._refuse(
-                scope,
-                send,
-                503,
-                SERVER_SHUTTING_DOWN,
-                "This server is shutting down; connect again.",
-                headers=[(b"retry-after", b"1")],
-            )
+            await self._refuse_draining(scope, send)
             return
         if not self.enabled:
             await self._refuse(
@@ -378,8 +414,14 @@ class WebSocketModeMiddleware:
             await self._refuse(scope, send, 503, MEMORY_BUDGET_EXCEEDED, why)
             return
         self.connections += 1
+        upgrading = asyncio.get_running_loop().create_future()
+        self._upgrading.add(upgrading)
         try:
-            identity = await self._authenticate(scope, send)
+            try:
+                identity = await self._authenticate(scope, send)
+            except _DrainBegan:
+                await self._refuse_draining(scope, send)
+                return
             if identity is None:
                 return
             principal, owner, client = identity
@@ -396,34 +438,94 @@ class WebSocketModeMiddleware:
                 return
             self._per_client[client] = self._per_client.get(client, 0) + 1
             try:
-                await self._serve(scope, receive, send, principal, owner)
+                await self._serve(scope, receive, send, principal, owner, upgrading)
             finally:
                 self._per_client[client] -= 1
                 if not self._per_client[client]:
                     del self._per_client[client]
         finally:
+            self._upgraded(upgrading)
             self.connections -= 1
             budget.release(CONNECTION_COST)
 
+    def _upgraded(self, upgrading: asyncio.Future[None]) -> None:
+        """The upgrade `upgrading` stands for is accepted, or refused: a drain no longer
+        waits for it."""
+        self._upgrading.discard(upgrading)
+        if not upgrading.done():
+            upgrading.set_result(None)
+
+    async def _before_drain(self, hook: Coroutine[Any, Any, T]) -> T:
+        """What `hook` (a step of an upgrade before its accept) returns, unless a drain
+        begins first: then it is cancelled (a plain function's thread runs on, its result
+        unused) and `_DrainBegan` raised."""
+        if self._draining:
+            hook.close()
+            raise _DrainBegan
+        task = asyncio.ensure_future(hook)
+        drain = asyncio.get_running_loop().create_future()
+        self._drain_waiters.add(drain)
+        try:
+            await asyncio.wait((task, drain), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._drain_waiters.discard(drain)
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise _DrainBegan
+        return task.result()
+
+    async def _refuse_draining(self, scope: Scope, send: Send) -> None:
+        """Refuse an upgrade the server's drain meets: 503 with `Retry-After`."""
+        await self._refuse(
+            scope,
+            send,
+            503,
+            SERVER_SHUTTING_DOWN,
+            "This server is shutting down; connect again.",
+            headers=[(b"retry-after", b"1")],
+        )
+
     async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, principal: Any, owner: str | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        principal: Any,
+        owner: str | None,
+        upgrading: asyncio.Future[None],
     ) -> None:
         subprotocol = next(
             (p for p in scope.get("subprotocols", ()) if p in self.settings.subprotocols), None
         )
         headers: list[tuple[bytes, bytes]] = []
         hook = self.settings.handshake_headers
-        if hook is not None:
-            try:
-                headers = handshake_answer_headers(await call_hook(hook, scope, principal))
-            except Exception:
-                logger.exception("the handshake_headers hook failed; refusing the upgrade")
-                message = "The server failed to prepare the WebSocket handshake."
-                await self._refuse(scope, send, 500, "server_error", message)
-                return
+        try:
+            if hook is not None:
+                try:
+                    headers = handshake_answer_headers(
+                        await self._before_drain(call_hook(hook, scope, principal))
+                    )
+                except _DrainBegan:
+                    raise
+                except Exception:
+                    logger.exception("the handshake_headers hook failed; refusing the upgrade")
+                    message = "The server failed to prepare the WebSocket handshake."
+                    await self._refuse(scope, send, 500, "server_error", message)
+                    return
+            if self._draining:  # it began while the limits were checked
+                raise _DrainBegan
+        except _DrainBegan:
+            await self._refuse_draining(scope, send)
+            return
         headers.append((FULL_CONTEXT_HEADER, self.settings.full_context.encode()))
         connection = Connection(self.settings, scope, receive, send)
+        # From here on a drain finds it among the open connections (it accepts, then closes
+        # with 1001 once its turns end).
         self._open.add(connection)
+        self._upgraded(upgrading)
         self.stats.connections_open += 1
         self.stats.connections_total += 1
         try:
@@ -545,7 +647,8 @@ class WebSocketModeMiddleware:
         try:
             principal = None
             if self.authenticate is not None:
-                principal = await authenticate(self.authenticate, scope)
+                # A drain beginning meanwhile raises `_DrainBegan`: the upgrade is refused 503.
+                principal = await self._before_drain(authenticate(self.authenticate, scope))
             owner = None
             if settings.store is not None:
                 owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
@@ -586,6 +689,10 @@ async def _refuse_to_start(
         await send(
             {"type": "lifespan.startup.failed", "message": f"WebSocketModeMiddleware: {problem}"}
         )
+
+
+class _DrainBegan(Exception):
+    """A drain began while an upgrade was not yet accepted: it is refused (503)."""
 
 
 def _warn_if_the_server_sends_no_pings(limits: Limits) -> None:

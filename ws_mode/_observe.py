@@ -31,10 +31,9 @@ class Observer:
 
     def connection_record(self, scope: Scope, path: str) -> ConnectionRecord:
         """The record of a connection about to be served."""
-        client = scope.get("client")
         return ConnectionRecord(
             id=secrets.token_hex(4),
-            client=f"{client[0]}:{client[1]}" if client else "-",
+            client=client_address(scope),
             path=path,
             started=time.perf_counter(),
         )
@@ -78,15 +77,47 @@ class Observer:
             )
         return record
 
-    def turn_ended(self, record: TurnRecord) -> None:
-        """The turn ended: its line, and its span ends."""
+    def turn_ended(self, record: TurnRecord, *, refused: bool = False) -> None:
+        """The turn ended: its line, and its span ends. A create `refused` before it ran
+        counts among its connection's refused creates, not its turns."""
         record.duration = time.perf_counter() - record.started
         connection = record.connection
-        connection.turns += 1
+        if refused:
+            connection.refused += 1
+        else:
+            connection.turns += 1
         if record.span is not None:
             record.span.end(_turn_attributes(record), record.error_code)
         if self.access_log:
             access_log.turn_line(record)
+
+    def drain_began(
+        self, path: str, *, sockets: int, turns: int, upgrades: int, grace: float
+    ) -> None:
+        """A drain begins: its line (`ws_mode._access_log.drain_began_line`)."""
+        if self.access_log:
+            access_log.drain_began_line(path, sockets, turns, upgrades, grace)
+
+    def drain_ended(
+        self, path: str, *, duration: float, sockets: int, finished: int, cut: int
+    ) -> None:
+        """A drain ended: its line (`ws_mode._access_log.drain_ended_line`)."""
+        if self.access_log:
+            access_log.drain_ended_line(path, duration, sockets, finished, cut)
+
+
+def client_address(scope: Scope) -> str | None:
+    """The client's address as the ASGI scope gives it: ``host:port``, ``[v6]:port``, or the
+    host alone when the port is unknown (0 or missing: what a server honouring a proxy's
+    ``X-Forwarded-For`` gives); None without one. The server's proxy-headers handling decides
+    which address that is; ws_mode reads no forwarding header itself."""
+    client = scope.get("client")
+    if not client:
+        return None
+    host, port = str(client[0]), client[1] if len(client) > 1 else None
+    if not port:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
@@ -126,6 +157,7 @@ def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
 def _connection_attributes(record: ConnectionRecord) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "ws_mode.turns": record.turns,
+        "ws_mode.turns_refused": record.refused,
         "ws_mode.bytes_in": record.bytes_in,
         "ws_mode.bytes_out": record.bytes_out,
         "ws_mode.close.code": record.close_code,

@@ -168,9 +168,12 @@ FULL_CONTEXT_HEADER: Final = b"x-ws-mode-full-context"
 MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
 
 #: The code of work refused because the server is draining (shutting down): on an error event
-#: for a request sent meanwhile, and on an upgrade that reached it (HTTP 503, which clients
-#: retry, where a 426 would send Codex to HTTP for good).
+#: for a create sent meanwhile (or queued, its turn not begun), on a `response.steer.failed`
+#: for a steer, and on an upgrade not yet accepted (HTTP 503, which clients retry, where a 426
+#: would send Codex to HTTP for good).
 SERVER_SHUTTING_DOWN = "server_shutting_down"
+#: The message of a request refused with `SERVER_SHUTTING_DOWN` on a draining socket.
+SERVER_SHUTTING_DOWN_MESSAGE = "The server is shutting down; reconnect to continue."
 
 
 #: The code of an HTTP request the proxy (`ws_mode.proxy`) refuses to forward (400): its path

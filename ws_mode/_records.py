@@ -21,13 +21,18 @@ class ConnectionRecord:
 
     #: A short random id, on the connection's line and on each of its turns' lines.
     id: str
-    #: The client's address as the server saw it (``host:port``), or ``-``.
-    client: str
+    #: The client's address as the ASGI scope gives it (``host:port``; ``host`` alone when the
+    #: server knows no port, as behind a proxy whose ``X-Forwarded-For`` it honours), or None.
+    client: str | None
     path: str
     #: When it was accepted (`time.perf_counter()`).
     started: float
     span: ConnectionSpan | None = None
+    #: The turns it served (warm-ups and successors included).
     turns: int = 0
+    #: The creates refused before they ran (a bad field, a bound of the lanes, a drain): not
+    #: among its `turns`.
+    refused: int = 0
     #: The text frames received and sent, in characters (bytes, for ASCII JSON).
     bytes_in: int = 0
     bytes_out: int = 0

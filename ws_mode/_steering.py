@@ -48,6 +48,8 @@ from ._items import Items
 from ._limits import Limits
 from ._protocol import (
     MEMORY_BUDGET_EXCEEDED,
+    SERVER_SHUTTING_DOWN,
+    SERVER_SHUTTING_DOWN_MESSAGE,
     client_call_answer,
     memory_budget_message,
     quoted_id,
@@ -77,6 +79,7 @@ STEER_MESSAGES = {
     "steering input could be applied; no response continues with it.",
     "successor_creation_failed": "The response continuing with the steering input could not "
     "be created.",
+    SERVER_SHUTTING_DOWN: SERVER_SHUTTING_DOWN_MESSAGE,
 }
 
 
@@ -257,11 +260,13 @@ class Steering:
         *,
         streaming: bool,
         known: bool,
+        draining: bool = False,
     ) -> Steer | dict[str, Any]:
         """The accepted :class:`Steer` (already queued in `active`, the inbox of the response
         streaming now), or the `response.steer.failed` event to answer with. `streaming`: the
         target is streaming (with no inbox: it cannot be steered); `known`: it is a response
-        this connection has finished."""
+        this connection has finished; `draining`: the connection drains, and starts no turn
+        (`server_shutting_down`, as a create gets meanwhile)."""
         target = steer.previous_response_id
 
         def failed(code: str, message: str) -> dict[str, Any]:
@@ -269,6 +274,8 @@ class Steering:
 
         if not self.enabled:
             return failed("steering_not_supported", STEER_MESSAGES["steering_not_supported"])
+        if draining:
+            return failed(SERVER_SHUTTING_DOWN, STEER_MESSAGES[SERVER_SHUTTING_DOWN])
         if steer.unexpected:
             names = ", ".join(repr(name[:64]) for name in steer.unexpected[:5])
             problem: str | None = (
@@ -337,19 +344,28 @@ class Steering:
         create: CreateEvent,
         outcome: Outcome,
         send: Callable[[dict[str, Any]], Awaitable[None]],
+        *,
+        draining: bool = False,
     ) -> tuple[CreateEvent, list[Steer]] | None:
         """After a response ended: the successor turn to run for the input still queued in its
         inbox (and the steers it commits), or None. A response that waits for the client keeps
         the input queued and says so (`response.steer.pending`); one that failed returns it
         (`response.steer.failed`, `response_not_active`), and so does one the client
-        interrupted (`response_interrupted`): nothing continues it by itself."""
+        interrupted (`response_interrupted`): nothing continues it by itself. On a connection
+        `draining` no successor starts: the input goes back (`server_shutting_down`)."""
         steers = outcome.inbox.drain()
         if not steers:
             return None
         lane = create.stream_id
-        if outcome.response_id is None or outcome.output is None or outcome.interrupted:
+        if outcome.response_id is None or outcome.output is None or outcome.interrupted or draining:
             self.release(steers)
-            code = "response_interrupted" if outcome.interrupted else "response_not_active"
+            code = (
+                "response_interrupted"
+                if outcome.interrupted
+                else SERVER_SHUTTING_DOWN
+                if draining
+                else "response_not_active"
+            )
             for steer in steers:
                 await send(outcome.numbered(not_committed(steer, code, lane)))
             return None

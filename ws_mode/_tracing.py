@@ -187,7 +187,8 @@ class ConnectionSpan:
         client = scope.get("client")
         if client:
             attributes["client.address"] = str(client[0])
-            attributes["client.port"] = int(client[1])
+            if len(client) > 1 and client[1]:  # 0: unknown (a proxy's X-Forwarded-For)
+                attributes["client.port"] = int(client[1])
         for name, value in scope.get("headers", ()):
             if name == b"user-agent":
                 attributes["user_agent.original"] = value.decode("latin-1")

@@ -121,6 +121,9 @@ class TurnRunner:
         )
         #: The ids of the latest responses that failed (`FAILED_IDS` at most).
         self._failed: deque[str] = deque(maxlen=FAILED_IDS)
+        #: The connection drains: a steer is refused and no successor starts; the steering
+        #: input queued in a running response goes back (`server_shutting_down`).
+        self.draining = False
 
     async def run(self, create: CreateEvent) -> None:
         """Serve one `response.create`: its events go to the socket, its response to the
@@ -141,7 +144,7 @@ class TurnRunner:
                 committing = []
             if outcome is None or inbox is None:
                 return
-            follow = await self.steering.follow(create, outcome, send)
+            follow = await self.steering.follow(create, outcome, send, draining=self.draining)
             if follow is None:
                 return
             create, committing = follow
@@ -164,6 +167,7 @@ class TurnRunner:
             lane,
             streaming=active is not None,
             known=node is not None,
+            draining=self.draining,
         )
         if isinstance(result, dict):
             return result
