@@ -23,7 +23,13 @@ from orjson import JSONEncodeError, dumps
 
 from ._cache import decoded_size
 from ._logs import for_log
-from ._protocol import DECODED_EVENTS, RESPONSE_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from ._protocol import (
+    DECODED_EVENTS,
+    RESPONSE_EVENTS,
+    TERMINAL_EVENT_BY_STATUS,
+    memory_budget_exceeded,
+    server_error,
+)
 from ._socket import ClientSocket
 from ._steering import SteerInbox
 from ._tap import ResponseTap
@@ -60,6 +66,7 @@ class ResponseStream:
 
     __slots__ = (
         "_prefix",
+        "_refused",
         "_sent",
         "bytes_out",
         "ended",
@@ -99,6 +106,7 @@ class ResponseStream:
         #: the turn runner; None while nobody waits).
         self.ended: asyncio.Future[None] | None = None
         self._sent = 0  # events sent so far: the next one's sequence_number
+        self._refused = False  # ended by `refuse`: its owner is not told it failed
         #: The length of the frames sent so far (for the access log and the turn's span).
         self.bytes_out = 0
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
@@ -222,6 +230,7 @@ class ResponseStream:
         encoded = orjson.dumps(event)
         self.bytes_out += len(encoded)
         text = encoded.decode()
+        del encoded  # not held while the frame goes out
         if tap.finished:
             self._ended(text)
         self._sent += 1
@@ -232,6 +241,14 @@ class ResponseStream:
             if cut is not None:
                 self.steered = True
                 await self.event(cut)
+
+    async def refuse(self, what: str) -> None:
+        """End the response with `memory_budget_exceeded` (503): the process's memory budget
+        cannot hold `what` (the handler's answer). Like the budget's other refusals it leaves
+        the conversation as it was: the owner is not told the response failed, so the response
+        the client continued from stays cached, even on its own lane."""
+        self._refused = True
+        await self.event(memory_budget_exceeded(what, self.stream_id))
 
     def interrupt(self) -> None:
         """End the response now, for the client's `response.interrupt`: what the handler still
@@ -298,7 +315,7 @@ class ResponseStream:
             ended.set_result(None)
         if tap.response is not None and tap.output is not None:
             self.owner.response_finished(tap.response, tap.output, decoded_size(encoded))
-        elif tap.failure is not None:
+        elif tap.failure is not None and not self._refused:
             self.owner.response_failed(tap.terminal)
 
 
