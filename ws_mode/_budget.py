@@ -4,9 +4,10 @@ Every per-connection bound (`max_cached_bytes`, `max_queued_bytes`, `max_steer_b
 multiplied by `max_connections` is far more than a worker has: a few kilobytes on the wire
 (permessage-deflate) inflate to megabytes of tiny JSON items, each costing about ten times its
 text once decoded. So everything ws_mode holds also reserves its estimated size here first:
-sockets, frames while they are parsed, queued creates, pending steering input and cached
-responses. A reservation that does not fit is refused, and the caller refuses the new work
-(`memory_budget_exceeded`, 503) instead of letting the worker grow until it is killed.
+sockets, frames while they are parsed, queued creates, pending steering input, the handler's
+answers read whole and cached responses. A reservation that does not fit is refused, and the
+caller refuses the new work (`memory_budget_exceeded`, 503) instead of letting the worker grow
+until it is killed.
 
 There is one account per process (`ACCOUNT`), shared by every middleware in it; each
 middleware enforces its own `Limits.max_memory_bytes` against the process's total.
@@ -42,6 +43,11 @@ PARSE_FACTOR = 16
 #: the body ws_mode hands it, and the framework's copy (Starlette's `request.body()` joins the
 #: chunks it received, a copy even of one: measured 1.04 times the body).
 BODY_COPIES = 2
+#: How many times an answer read whole (a handler's JSON response object or error) is held as
+#: frames while its events go out, beside the body and the answer decoded: one event at a time,
+#: as its text, the protocol's encoding of it and its frame (the events carry the response
+#: object, each up to the whole answer).
+ANSWER_FRAME_COPIES = 3
 #: After a refusal, new sockets are refused until the refused work would fit again, counting
 #: at most this share of the budget (one refused huge frame must not keep sockets out long).
 PRESSURE_SHARE = 4

@@ -23,7 +23,13 @@ from orjson import JSONEncodeError, dumps
 
 from ._cache import decoded_size
 from ._logs import for_log
-from ._protocol import DECODED_EVENTS, RESPONSE_EVENTS, TERMINAL_EVENT_BY_STATUS, server_error
+from ._protocol import (
+    DECODED_EVENTS,
+    RESPONSE_EVENTS,
+    TERMINAL_EVENT_BY_STATUS,
+    memory_budget_exceeded,
+    server_error,
+)
 from ._socket import ClientSocket
 from ._steering import SteerInbox
 from ._tap import ResponseTap
@@ -59,8 +65,11 @@ class ResponseStream:
     """
 
     __slots__ = (
+        "_last",
         "_prefix",
+        "_refused",
         "_sent",
+        "_shift",
         "bytes_out",
         "ended",
         "finished",
@@ -98,7 +107,16 @@ class ResponseStream:
         #: Resolved when the response ended (`finished`): the future the turn waits on (set by
         #: the turn runner; None while nobody waits).
         self.ended: asyncio.Future[None] | None = None
-        self._sent = 0  # events sent so far: the next one's sequence_number
+        #: The handler's last event sent, as its `sequence_number` says: the event decoded or
+        #: encoded (the hot path keeps it as it was, read only when ws_mode adds an event), or
+        #: the number (None: none yet).
+        self._last: dict[str, Any] | bytes | int | None = None
+        #: One more than the last `sequence_number` ws_mode gave an event of its own.
+        self._sent = 0
+        #: What the handler's numbers are moved up by, once ws_mode added events among them,
+        #: so that one numbering goes on (0 until then: the hot path forwards them as they are).
+        self._shift = 0
+        self._refused = False  # ended by `refuse`: its owner is not told it failed
         #: The length of the frames sent so far (for the access log and the turn's span).
         self.bytes_out = 0
         self._prefix = b'{"stream_id":"' + stream_id.encode() + b'",' if stream_id else None
@@ -125,9 +143,10 @@ class ResponseStream:
 
     def frame(self, event_type: str | None, data: bytes) -> str | dict[str, Any]:
         """One event of the handler's SSE stream: the frame that forwards it as it was encoded
-        (the lane spliced in, counted as sent), or the event decoded when it must go through
-        :meth:`event` instead (it carries the response or an error; an error event for the
-        turn when the data is no JSON object).
+        (the lane spliced in, its `sequence_number` counted as sent), or the event decoded when
+        it must go through :meth:`event` instead (it carries the response or an error, or its
+        `sequence_number` moves up after an event ws_mode added; an error event for the turn
+        when the data is no JSON object).
 
         The tap decodes it (the data's own `type` decides). Synchronous, so a chunk's events
         go out with no await but the sends themselves.
@@ -136,6 +155,8 @@ class ResponseStream:
         if event is None:
             logger.warning("the handler sent an SSE event that is not a JSON object")
             return _not_a_json_object()
+        if self._shift and type(event.get("sequence_number")) is int:
+            return event  # ws_mode added events: `event` numbers it after them
         kind = event.get("type")
         if kind.__class__ is str and kind in DECODED_EVENTS:
             tap = self.tap
@@ -153,8 +174,8 @@ class ResponseStream:
                     self._ended(data)
             else:
                 return event  # an error, or the echo changes it
+        self._last = event
         if self._prefix is None:  # the default lane: the data is the frame (`_forwarded`)
-            self._sent += 1
             self.bytes_out += len(data)
             return data.decode()  # orjson accepted it, so it is valid UTF-8
         return self._forwarded(data)
@@ -176,14 +197,16 @@ class ResponseStream:
         kind = event.get("type")
         if kind.__class__ is str and kind in DECODED_EVENTS:
             return self.frame(None, data)
+        if self._shift and type(event.get("sequence_number")) is int:
+            return self.frame(None, data)  # decoded again, for `event` to renumber
+        self._last = data  # not the handler's object, which it may change
         if self._prefix is None:  # the default lane: the encoding is the frame
-            self._sent += 1
             self.bytes_out += len(data)
             return data.decode()
         return self._forwarded(data)
 
     def _forwarded(self, data: bytes) -> str:
-        """The frame of an event's encoded JSON object: the lane spliced in, counted as sent."""
+        """The frame of an event's encoded JSON object: the lane spliced in."""
         prefix = self._prefix
         if prefix is not None:
             data = data.strip()
@@ -192,29 +215,54 @@ class ResponseStream:
             else:
                 rest = data[1:].lstrip()
                 data = prefix + rest if rest != b"}" else prefix[:-1] + b"}"
-        self._sent += 1
         self.bytes_out += len(data)
         return data.decode()  # orjson accepted it, so it is valid UTF-8
 
     def next_sequence_number(self) -> int:
-        """The sequence number for an event ws_mode sends about this response."""
-        number = self._sent
-        self._sent += 1
+        """The sequence number for an event ws_mode adds to this response: the next after the
+        last one sent. The handler's later events are numbered after it (its numbers moved up
+        from here on), so the client sees one numbering, strictly increasing."""
+        last = self._handler_number()
+        number = max(self._sent, last + self._shift + 1)
+        self._sent = number + 1
+        # The handler's next event (its last number plus one) goes out after this one.
+        self._shift = number - last
         return number
 
-    async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
+    def _handler_number(self) -> int:
+        """The handler's own `sequence_number` of its last event sent (-1: none numbered)."""
+        last = self._last
+        if isinstance(last, bytes):
+            last = orjson.loads(last)  # it was sent: it is a JSON object
+        if isinstance(last, dict):
+            last = last.get("sequence_number")
+        return last if type(last) is int else -1
+
+    async def event(
+        self, event: dict[str, Any], *, from_handler: bool = False, own: bool = False
+    ) -> None:
         """Forward an event given as an object, updating the stream's state from it.
 
-        An error event keeps its own `sequence_number` only when it comes `from_handler`;
-        others are numbered after the events sent before them.
+        One numbering for everything the client receives about the response: the response's
+        own events (the handler's, `from_handler`, and those ws_mode makes of a JSON answer)
+        keep their `sequence_number`, moved up once ws_mode added events among them (`own`:
+        one numbered already by `next_sequence_number`). An error keeps its own only when it
+        comes `from_handler` with one; others are numbered after the last event sent.
         """
         if self.finished:
             return
         kind = event.get("type")
         if kind == "error":
             event = _nested_error(event)
-            if not from_handler or not isinstance(event.get("sequence_number"), int):
-                event["sequence_number"] = self._sent
+        number = event.get("sequence_number")
+        if own:
+            pass  # numbered by `next_sequence_number`
+        elif kind == "error" and (not from_handler or type(number) is not int):
+            event["sequence_number"] = self.next_sequence_number()
+        elif type(number) is int:  # the response's own, the handler's or of its JSON answer
+            self._last = number
+            if self._shift:
+                event["sequence_number"] = number + self._shift
         tap = self.tap
         tap.see(event)
         if self.stream_id is not None:
@@ -222,16 +270,25 @@ class ResponseStream:
         encoded = orjson.dumps(event)
         self.bytes_out += len(encoded)
         text = encoded.decode()
+        del encoded  # not held while the frame goes out
         if tap.finished:
             self._ended(text)
-        self._sent += 1
         await self.send_text(text)
         if kind == "response.output_item.done" and self.inbox is not None:
             # A safe boundary: the response ends here when steering input waits for it.
-            cut = self.inbox.cut(tap, self._sent)
+            cut = self.inbox.cut(tap, 0)
             if cut is not None:
                 self.steered = True
-                await self.event(cut)
+                cut["sequence_number"] = self.next_sequence_number()
+                await self.event(cut, own=True)
+
+    async def refuse(self, what: str) -> None:
+        """End the response with `memory_budget_exceeded` (503): the process's memory budget
+        cannot hold `what` (the handler's answer). Like the budget's other refusals it leaves
+        the conversation as it was: the owner is not told the response failed, so the response
+        the client continued from stays cached, even on its own lane."""
+        self._refused = True
+        await self.event(memory_budget_exceeded(what, self.stream_id))
 
     def interrupt(self) -> None:
         """End the response now, for the client's `response.interrupt`: what the handler still
@@ -298,7 +355,7 @@ class ResponseStream:
             ended.set_result(None)
         if tap.response is not None and tap.output is not None:
             self.owner.response_finished(tap.response, tap.output, decoded_size(encoded))
-        elif tap.failure is not None:
+        elif tap.failure is not None and not self._refused:
             self.owner.response_failed(tap.terminal)
 
 

@@ -5,6 +5,10 @@ No socket and no loopback hop: the app is called as an ASGI application with a s
 each event handed on at once; a JSON response object becomes the lifecycle events an SSE
 stream would have carried; a 4xx/5xx becomes one error event with the handler's status, its
 error body, and its rate-limit and retry headers (`error.headers`, `ws_mode._headers`).
+
+An answer read whole is held in the memory budget (`Limits.max_memory_bytes`) from its first
+byte until its events are sent or dropped (`answer_cost`); one the budget cannot hold fails the
+turn with `memory_budget_exceeded`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, Protocol
 import orjson
 
 from ._asgi import ASGIApp, Message, Receive, Scope
+from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
+from ._cache import decoded_size
 from ._events import lifecycle_events
 from ._headers import end_to_end, error_headers, header
 from ._logs import for_log
@@ -51,6 +57,20 @@ class EventSink(Protocol):
     async def event(self, event: dict[str, Any], *, from_handler: bool = False) -> None:
         """An event as an object: one `frame` gave (`from_handler`), or one ws_mode built
         (from a JSON answer, or an error)."""
+
+    async def refuse(self, what: str) -> None:
+        """End the response with `memory_budget_exceeded`: the memory budget cannot hold
+        `what`. A refusal, not a failure of the conversation: what the client continued from
+        stays cached."""
+
+
+def answer_cost(body: bytes) -> int:
+    """What turning an answer read whole (`body`, a JSON response object or an error) into
+    events holds at once, beside the body itself: the answer decoded (the cache's estimate,
+    `decoded_size`) and one event's frame at a time, `ANSWER_FRAME_COPIES` times the body (the
+    events carry the response object: the terminal one all of it, a message's text events its
+    text again)."""
+    return decoded_size(body) + ANSWER_FRAME_COPIES * len(body)
 
 
 def handler_headers(ws_scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -103,7 +123,14 @@ class HandlerCall:
     """One call of the wrapped app; a fresh object per turn, like Starlette's responders."""
 
     def __init__(
-        self, app: ASGIApp, scope: Scope, body: bytes, sink: EventSink, *, max_buffered: int
+        self,
+        app: ASGIApp,
+        scope: Scope,
+        body: bytes,
+        sink: EventSink,
+        *,
+        max_buffered: int,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.app = app
         self.scope = scope
@@ -112,6 +139,11 @@ class HandlerCall:
         # An error or JSON answer is read whole, and a streamed one event by event; past this
         # size (`Limits.max_buffered_answer_bytes`) the handler is misbehaving.
         self.max_buffered = max_buffered
+        #: Where an answer read whole is reserved while it is held (None: not counted).
+        self.budget = budget
+        self._held = 0  # reserved in `budget` now
+        #: The budget could not hold the answer: it was dropped, the turn is refused.
+        self._refused = False
         self.status: int | None = None
         self._streaming = False
         self._content_type = b""
@@ -134,21 +166,28 @@ class HandlerCall:
         if turn is not None:
             turn.bind_events(self.hand_event)
         try:
-            await self.app(self.scope, self.receive, self.send)
-        except Exception as exc:
-            if self._client_gone:
-                # The app saw the client leave through our send() and gave up; not a fault.
-                raise ClientGone("the WebSocket client went away") from exc
-            logger.exception("the handler raised while answering a WebSocket mode turn")
-            if not self.sink.finished:
-                await self.sink.event(server_error(f"The handler failed: {type(exc).__name__}."))
-            return
+            try:
+                await self.app(self.scope, self.receive, self.send)
+            except Exception as exc:
+                if self._client_gone:
+                    # The app saw the client leave through our send() and gave up; not a fault.
+                    raise ClientGone("the WebSocket client went away") from exc
+                logger.exception("the handler raised while answering a WebSocket mode turn")
+                self._drop_answer()
+                if not self.sink.finished:
+                    await self.sink.event(
+                        server_error(f"The handler failed: {type(exc).__name__}.")
+                    )
+                return
+            finally:
+                # Whatever still waits on `receive()` (a disconnect listener) learns the call
+                # ended.
+                self._disconnected.set()
+                if turn is not None:
+                    turn.bind_events(None)
+            await self._finish()
         finally:
-            # Whatever still waits on `receive()` (a disconnect listener) learns the call ended.
-            self._disconnected.set()
-            if turn is not None:
-                turn.bind_events(None)
-        await self._finish()
+            self._drop_answer()  # sent, dropped, or the call cancelled
 
     async def stop(self, task: asyncio.Task[None]) -> None:
         """Stop the call running in `task` (the response was cut short, for steering or an
@@ -211,10 +250,14 @@ class HandlerCall:
                     raise RuntimeError(
                         "An event of the handler's answer is larger than ws_mode accepts."
                     )
-            elif body:
+            elif body and not self._refused:
                 self._buffered += len(body)
                 if self._buffered > self.max_buffered:
                     raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
+                if not self._hold(len(body)):
+                    self._refused = True  # the rest of the answer is dropped as it comes
+                    self._drop_answer()
+                    return
                 self._buffer.append(body)
         elif kind == "http.response.start":
             if self._start_implied:
@@ -257,8 +300,27 @@ class HandlerCall:
         else:
             await self.sink.event(framed, from_handler=True)
 
+    def _hold(self, size: int) -> bool:
+        """Reserve `size` more bytes of the answer in the budget; False when it cannot."""
+        if self.budget is None:
+            return True
+        if not self.budget.reserve(size):
+            return False
+        self._held += size
+        return True
+
+    def _drop_answer(self) -> None:
+        """Let go of the answer read whole, and of its reservation."""
+        self._buffer = []
+        if self._held and self.budget is not None:
+            self.budget.release(self._held)
+        self._held = 0
+
     async def _finish(self) -> None:
         if self.sink.finished:
+            return
+        if self._refused:
+            await self.sink.refuse("the handler's answer to this request")
             return
         if self.status is None:
             logger.warning("the handler returned without answering a WebSocket mode turn")
@@ -270,7 +332,21 @@ class HandlerCall:
                 server_error("The handler's event stream ended before a terminal event.")
             )
             return
+        if len(self._buffer) > 1 and not self._hold(self._buffered):
+            self._drop_answer()  # no room to join its chunks
+            await self.sink.refuse("the handler's answer to this request")
+            return
         body = b"".join(self._buffer)
+        self._buffer = []  # the chunks go: the body holds them (one chunk is the body itself)
+        if self._held > len(body) and self.budget is not None:
+            self.budget.release(self._held - len(body))
+            self._held = len(body)
+        # The answer decoded and its events' frames, one at a time, until they are sent.
+        if not self._hold(answer_cost(body)):
+            self._drop_answer()
+            del body
+            await self.sink.refuse("the handler's answer to this request")
+            return
         if self.status >= 300:
             if self.status >= 500:
                 logger.warning(
@@ -313,6 +389,11 @@ class HandlerCall:
                 server_error("The handler answered with neither an event stream nor a response.")
             )
             return
+        # The body is decoded: only the answer decoded and its frames stay held.
+        del body
+        if self._held > self._buffered and self.budget is not None:
+            self.budget.release(self._buffered)
+            self._held -= self._buffered
         for event in lifecycle_events(response):
             await self.sink.event(event)
             if self.sink.finished:

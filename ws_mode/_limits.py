@@ -32,7 +32,7 @@ class Limits:
     counts items;
     `max_memory_bytes` is the process-wide budget of everything WebSocket mode holds (sockets,
     frames being parsed, queued creates, pending steering input, cached responses, the request
-    bodies handlers hold; every
+    bodies handlers hold, the handlers' answers read whole; every
     middleware of the process counts against one account): work that does not fit is refused
     (`memory_budget_exceeded`, 503) and, while it is exhausted, new sockets too (503).
     With a store (`store=`): `max_stored_bytes_per_principal` bounds the bytes one principal
@@ -54,13 +54,13 @@ class Limits:
     Fixed bounds: the other bounds are module constants, each a measured cost, a protocol
     fact, a process-wide detail or a ceiling over a knob set elsewhere (docs/limits.md,
     "Fixed bounds", says why for each): `_budget.BODY_COPIES`, `_budget.CONNECTION_COST`,
-    `_budget.PARSE_FACTOR`,
+    `_budget.PARSE_FACTOR`, `_budget.ANSWER_FRAME_COPIES`,
     `_budget.PRESSURE_SHARE`, `_cache.TOO_LARGE_REMEMBERED`, `_cache.NODE_OVERHEAD`,
     `_cache.VALUE_OVERHEAD`, `_frames.OFF_LOOP_BYTES`, `_frames.WORKERS`, `_frames.MAX_FAILURES`,
     `_frames.RETRY_SECONDS`, `_hooks.HOOK_THREADS`, `_logs.LOG_VALUE_CHARS`,
     `_persistence.POLL_SECONDS`, `_persistence.POLL_MAX_SECONDS`, `_persistence.STORED_REMEMBERED`,
     `_protocol.MAX_ID_CHARS`, `_protocol.QUOTED_ID_CHARS`, `_protocol.STREAM_ID`,
-    `redis_store.UNREADABLE_REMEMBERED`,
+    `redis_store.UNREADABLE_REMEMBERED`, `_stateful_http.ANSWER_PIECE`,
     `_stats.ERROR_CODE_LABELS`, `_stats.MODEL_LABELS`, `_steering.MAX_WAITING_RESPONSES`,
     `_tracing.FLUSH_SECONDS`, `_turn_runner.TOOL_SETS`,
     `proxy._transport._MAX_HEADER`.

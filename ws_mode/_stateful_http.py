@@ -28,6 +28,8 @@ import orjson
 
 from ._asgi import Message, Receive, Scope, Send
 from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
+from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
+from ._cache import decoded_size
 from ._client_events import may_store, store_problem, text_input, too_long_id
 from ._frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from ._handler_call import replay_body
@@ -60,6 +62,11 @@ from ._tap import ResponseTap
 from ._turn import body_cost, turn
 
 logger = logging.getLogger(__name__)
+
+#: The size of the pieces a JSON answer held to echo `previous_response_id` is sent in: the
+#: server writes each before it takes the next, so what a slow client has not read yet stays
+#: with the held answer, counted in the memory budget.
+ANSWER_PIECE = 256 * 1024
 
 
 class StatefulHTTP:
@@ -213,7 +220,8 @@ class StatefulHTTP:
                 start_write(self.store, self.settings.stats, owner, record, seconds=seconds)
             )
 
-        watcher = _Watcher(send, parent, finished, self.settings.limits.max_buffered_answer_bytes)
+        limit = self.settings.limits.max_buffered_answer_bytes
+        watcher = _Watcher(send, parent, finished, limit, budget)
         headers = _without_length(scope.get("headers", ()))
         headers.append((b"content-length", str(len(request)).encode()))
         try:
@@ -242,6 +250,13 @@ class _Watcher:
     What is held back is bounded by `limit` (`Limits.max_buffered_answer_bytes`): a JSON
     answer is held whole, an SSE event until its blank line. Past it the answer passes on as
     the handler sends it, from what was held, and nothing of it is echoed or stored.
+
+    A JSON answer is held in the memory `budget` from its first byte until it is sent: its
+    bytes, then the answer decoded, echoed and stored (`decoded_size` and
+    `ANSWER_FRAME_COPIES` times its bytes). It goes out in pieces of `ANSWER_PIECE` bytes, so
+    what a client that does not read keeps waiting is the held answer, counted, not a copy in
+    the server's write buffer. An answer the budget cannot hold is dropped, and the client
+    gets `memory_budget_exceeded` (503) in its place.
     """
 
     def __init__(
@@ -250,8 +265,12 @@ class _Watcher:
         parent_id: str | None,
         finished: Callable[[dict[str, Any], list[dict[str, Any]]], None],
         limit: int,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self._send = send
+        self._budget = budget
+        self._held = 0  # reserved in `budget` now
+        self._refused = False
         self._tap = ResponseTap(parent_id)
         self._finished = finished
         self._limit = limit
@@ -274,17 +293,36 @@ class _Watcher:
         elif message["type"] == "http.response.body" and self._json is not None:
             chunk = message.get("body", b"")
             more = message.get("more_body", False)
-            self._json.append(chunk)
-            self._json_bytes += len(chunk)
-            if not more:
-                await self._send_json(b"".join(self._json))
+            if not self._refused:
+                if self._hold(len(chunk)):
+                    self._json.append(chunk)
+                    self._json_bytes += len(chunk)
+                else:
+                    self._refused = True  # the rest of the answer is dropped as it comes
+                    self._json = []
+                    self._let_go()
+            if self._refused:
+                if not more:
+                    self._json = None
+                    why = memory_budget_message("the handler's answer", then="Retry shortly.")
+                    await _answer(self._send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            elif not more:
+                try:
+                    body = b"".join(self._json)
+                    self._json = None
+                    await self._send_json(body)
+                finally:
+                    self._let_go()
             elif self._json_bytes > self._limit:
                 held, start = b"".join(self._json), self._start
                 assert start is not None
                 self._json = self._start = None
                 self._give_up()
-                await self._send(start)
-                await self._send({"type": "http.response.body", "body": held, "more_body": True})
+                try:
+                    await self._send(start)
+                    await self._send_body(held, more=True)
+                finally:
+                    self._let_go()
         elif message["type"] == "http.response.body" and self._blocks is not None:
             more = message.get("more_body", False)
             blocks = self._blocks
@@ -299,6 +337,33 @@ class _Watcher:
                 await self._send({"type": "http.response.body", "body": body, "more_body": more})
         else:
             await self._send(message)
+
+    def _hold(self, size: int) -> bool:
+        """Reserve `size` more bytes of the answer in the budget; False when it cannot."""
+        if self._budget is None:
+            return True
+        if not self._budget.reserve(size):
+            return False
+        self._held += size
+        return True
+
+    def _let_go(self) -> None:
+        """The answer held was sent or dropped: its reservation goes."""
+        if self._held and self._budget is not None:
+            self._budget.release(self._held)
+        self._held = 0
+
+    async def _send_body(self, body: bytes, *, more: bool = False) -> None:
+        """Send `body` in pieces of `ANSWER_PIECE` bytes: the server takes the next once it
+        has written the last (its flow control), so a client that does not read leaves the rest
+        here, counted."""
+        sent = 0
+        while len(body) - sent > ANSWER_PIECE:
+            piece = body[sent : sent + ANSWER_PIECE]
+            sent += ANSWER_PIECE
+            await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+        rest = body[sent:] if sent else body
+        await self._send({"type": "http.response.body", "body": rest, "more_body": more})
 
     def _give_up(self) -> None:
         """What is held passes the bound: the answer passes on as it comes, unechoed, and its
@@ -329,6 +394,13 @@ class _Watcher:
     async def _send_json(self, body: bytes) -> None:
         start = self._start
         assert start is not None
+        # The answer decoded, echoed and stored, until it is sent.
+        if not self._hold(decoded_size(body) + ANSWER_FRAME_COPIES * len(body)):
+            self._let_go()
+            del body
+            why = memory_budget_message("the handler's answer", then="Retry shortly.")
+            await _answer(self._send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            return
         try:
             response = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -343,7 +415,7 @@ class _Watcher:
                 headers.append((b"content-length", str(len(body)).encode()))
                 start = {**start, "headers": headers}
         await self._send(start)
-        await self._send({"type": "http.response.body", "body": body})
+        await self._send_body(body)
 
 
 def _without_length(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -321,7 +321,9 @@ class TurnRunner:
         reserved in the memory budget, is given back when the call ends, whenever that is."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
-        handler = HandlerCall(self._app, scope, body, stream, max_buffered=max_buffered)
+        handler = HandlerCall(
+            self._app, scope, body, stream, max_buffered=max_buffered, budget=self.settings.budget
+        )
         call = asyncio.create_task(handler.run())
         call.add_done_callback(functools.partial(_give_back, self.settings.budget, held))
         try:

@@ -8,6 +8,7 @@ the response's own end leaves the socket working."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -412,3 +413,31 @@ def test_the_turn_s_span_says_it_was_interrupted() -> None:
     spans = [span for span in exporter.get_finished_spans() if span.name == "response.create"]
     flags = [(span.attributes or {}).get("ws_mode.interrupted") for span in spans]
     assert flags == [True, None]  # the interrupted turn, then the warm-up
+
+
+@pytest.mark.parametrize("lane", [None, "main"])
+def test_one_numbering_for_the_handlers_events_a_steer_and_the_interrupt(
+    scripted: tuple[Scripted, str], lane: str | None
+) -> None:
+    """The events ws_mode adds to a response (the steer's acceptance, the interrupt's, the
+    steering input returned after it) and the handler's own share one numbering: strictly
+    increasing, whatever came between."""
+    _, url = scripted
+    fields = {"stream_id": lane} if lane is not None else {}
+    with connect(url) as ws:
+        target, seen = start(ws, "slow", **fields)
+        ws.send(json.dumps({"type": "response.steer", "previous_response_id": target,
+                            "input": "turn left"}))  # fmt: skip
+        read_until(ws, {"response.steer.accepted"}, seen)
+        for _ in range(3):  # the handler streams on after the acceptance
+            read_until(ws, {"response.output_text.delta"}, seen)
+        ws.send(interrupt(target))
+        read_until(ws, {"response.incomplete"}, seen)
+        read_until(ws, {"response.steer.failed"}, seen)  # its input, returned
+    numbers = [event["sequence_number"] for event in seen]
+    kinds = [event["type"] for event in seen]
+    assert {"response.steer.accepted", "response.interrupt.accepted"} <= set(kinds)
+    assert all(a < b for a, b in itertools.pairwise(numbers)), list(
+        zip(kinds, numbers, strict=True)
+    )
+    assert numbers[0] == 0
