@@ -212,7 +212,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     middleware serves the socket (it hands the protocol its budget with ``websocket.accept``,
     through the ASGI extension ``ws_mode.memory_budget`` offered in the scope). A fragment the
     budget cannot hold drops the message: the rest of it is let go as it arrives, and the
-    middleware answers ``memory_budget_exceeded`` in its place, the socket kept.
+    middleware answers ``server_is_overloaded`` in its place, the socket kept.
 
     A keepalive ping left unanswered closes the socket (1011) only when nothing at all came
     from the client meanwhile: a client uploading a message larger than its link carries in
@@ -427,7 +427,7 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _hand_on_refusal(self) -> None:
         """A message in place of the one dropped, which the receive loop answers
-        ``memory_budget_exceeded``; reading pauses as after any message."""
+        ``server_is_overloaded``; reading pauses as after any message."""
         if self.close_sent:
             return
         refusal: Any = {"type": "websocket.receive", "text": None, REFUSED_MESSAGE: True}

@@ -6,7 +6,7 @@ multiplied by `max_connections` is far more than a worker has: a few kilobytes o
 text once decoded. So everything ws_mode holds also reserves its estimated size here first:
 sockets, frames while they are parsed, queued creates, pending steering input, the handler's
 answers read whole and cached responses. A reservation that does not fit is refused, and the
-caller refuses the new work (`memory_budget_exceeded`, 503) instead of letting the worker grow
+caller refuses the new work (`server_is_overloaded`, 503) instead of letting the worker grow
 until it is killed.
 
 There is one account per process (`ACCOUNT`), shared by every middleware in it; each
@@ -62,7 +62,7 @@ BUDGET_EXTENSION = "ws_mode.memory_budget"
 BUDGET_PROTOCOL = "ws_mode.server:BatchingWebSocketProtocol"
 #: The key of the `websocket.receive` message that protocol hands on in place of a fragmented
 #: message the budget could not hold (its fragments dropped as they came): the receive loop
-#: answers `memory_budget_exceeded`, as for a whole message it cannot hold.
+#: answers `server_is_overloaded`, as for a whole message it cannot hold.
 REFUSED_MESSAGE = "ws_mode.refused"
 
 

@@ -283,7 +283,7 @@ class ResponseStream:
                 await self.event(cut, own=True)
 
     async def refuse(self, what: str) -> None:
-        """End the response with `memory_budget_exceeded` (503): the process's memory budget
+        """End the response with `server_is_overloaded` (503): the process's memory budget
         cannot hold `what` (the handler's answer). Like the budget's other refusals it leaves
         the conversation as it was: the owner is not told the response failed, so the response
         the client continued from stays cached, even on its own lane."""

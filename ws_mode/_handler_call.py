@@ -8,7 +8,7 @@ error body, and its rate-limit and retry headers (`error.headers`, `ws_mode._hea
 
 An answer read whole is held in the memory budget (`Limits.max_memory_bytes`) from its first
 byte until its events are sent or dropped (`answer_cost`); one the budget cannot hold fails the
-turn with `memory_budget_exceeded`.
+turn with `server_is_overloaded`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class EventSink(Protocol):
         (from a JSON answer, or an error)."""
 
     async def refuse(self, what: str) -> None:
-        """End the response with `memory_budget_exceeded`: the memory budget cannot hold
+        """End the response with `server_is_overloaded`: the memory budget cannot hold
         `what`. A refusal, not a failure of the conversation: what the client continued from
         stays cached."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ._budget import MemoryBudget
 from ._client_events import CreateEvent, ProtocolError
 from ._limits import Limits
-from ._protocol import MEMORY_BUDGET_EXCEEDED, memory_budget_message
+from ._protocol import SERVER_IS_OVERLOADED, memory_budget_message
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Lanes:
             if not self._budget.reserve(cost):
                 raise ProtocolError(
                     memory_budget_message("this request"),
-                    code=MEMORY_BUDGET_EXCEEDED,
+                    code=SERVER_IS_OVERLOADED,
                     param=None,
                     status=503,
                     type="server_error",

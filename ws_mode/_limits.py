@@ -34,7 +34,7 @@ class Limits:
     frames being parsed, queued creates, pending steering input, cached responses, the request
     bodies handlers hold, the handlers' answers read whole; every
     middleware of the process counts against one account): work that does not fit is refused
-    (`memory_budget_exceeded`, 503) and, while it is exhausted, new sockets too (503).
+    (`server_is_overloaded`, 503) and, while it is exhausted, new sockets too (503).
     With a store (`store=`): `max_stored_bytes_per_principal` bounds the bytes one principal
     keeps in it (past it, that principal's least recently written conversations are dropped;
     a single conversation larger than the bound is not stored; None: no bound), and a

@@ -35,7 +35,7 @@ from ._origins import OriginPolicy
 from ._persistence import flush_writes, store_scope
 from ._protocol import (
     FULL_CONTEXT_HEADER,
-    MEMORY_BUDGET_EXCEEDED,
+    SERVER_IS_OVERLOADED,
     SERVER_SHUTTING_DOWN,
     error_body,
     error_type_for_status,
@@ -411,7 +411,7 @@ class WebSocketModeMiddleware:
         if not budget.admits_connection() or not budget.reserve(CONNECTION_COST):
             logger.warning("refusing a WebSocket mode connection: Limits.max_memory_bytes is used")
             why = memory_budget_message("a new WebSocket mode connection", upgrade=True)
-            await self._refuse(scope, send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            await self._refuse(scope, send, 503, SERVER_IS_OVERLOADED, why)
             return
         self.connections += 1
         upgrading = asyncio.get_running_loop().create_future()

@@ -163,9 +163,12 @@ def store_unavailable(response_id: str, stream_id: str | None) -> dict[str, Any]
 #: it on every accepted upgrade, never on a refusal; a `handshake_headers` hook may not.
 FULL_CONTEXT_HEADER: Final = b"x-ws-mode-full-context"
 
-#: The code of work refused because the process's memory budget (`Limits.max_memory_bytes`)
-#: cannot hold it: on an error event, a `response.steer.failed` and a refused upgrade.
-MEMORY_BUDGET_EXCEEDED = "memory_budget_exceeded"
+#: The code of work refused for now because the server is overloaded: the process's memory
+#: budget (`Limits.max_memory_bytes`) cannot hold it (the message says so). On an error event,
+#: a `response.steer.failed`, a refused upgrade and a stateful HTTP answer (503). OpenAI's own
+#: code for a server that cannot take the work now, which clients retry later (the Agents SDK
+#: retries a socket request on it alone, besides codeless server errors).
+SERVER_IS_OVERLOADED = "server_is_overloaded"
 
 #: The code of work refused because the server is draining (shutting down): on an error event
 #: for a create sent meanwhile (or queued, its turn not begun), on a `response.steer.failed`
@@ -197,12 +200,12 @@ def memory_budget_message(what: str, *, upgrade: bool = False, then: str | None 
 
 
 def memory_budget_exceeded(what: str, stream_id: str | None = None) -> dict[str, Any]:
-    """`memory_budget_exceeded` (503): the process's memory budget cannot hold `what` (a frame,
+    """`server_is_overloaded` (503): the process's memory budget cannot hold `what` (a frame,
     a request); the connection and its cached responses stay."""
     return error_event(
         503,
         "server_error",
-        MEMORY_BUDGET_EXCEEDED,
+        SERVER_IS_OVERLOADED,
         memory_budget_message(what),
         stream_id=stream_id,
     )

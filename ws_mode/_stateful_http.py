@@ -47,7 +47,7 @@ from ._persistence import (
 )
 from ._protocol import (
     MAX_ID_CHARS,
-    MEMORY_BUDGET_EXCEEDED,
+    SERVER_IS_OVERLOADED,
     TERMINAL_EVENT_BY_STATUS,
     error_body,
     error_type_for_status,
@@ -199,7 +199,7 @@ class StatefulHTTP:
         budget = self.settings.budget
         if not budget.reserve(held):
             message = memory_budget_message("this request", then="Retry shortly.")
-            await _answer(send, 503, MEMORY_BUDGET_EXCEEDED, message)
+            await _answer(send, 503, SERVER_IS_OVERLOADED, message)
             return
         writes: list[asyncio.Task[bool]] = []
 
@@ -256,7 +256,7 @@ class _Watcher:
     `ANSWER_FRAME_COPIES` times its bytes). It goes out in pieces of `ANSWER_PIECE` bytes, so
     what a client that does not read keeps waiting is the held answer, counted, not a copy in
     the server's write buffer. An answer the budget cannot hold is dropped, and the client
-    gets `memory_budget_exceeded` (503) in its place.
+    gets `server_is_overloaded` (503) in its place.
     """
 
     def __init__(
@@ -305,7 +305,7 @@ class _Watcher:
                 if not more:
                     self._json = None
                     why = memory_budget_message("the handler's answer", then="Retry shortly.")
-                    await _answer(self._send, 503, MEMORY_BUDGET_EXCEEDED, why)
+                    await _answer(self._send, 503, SERVER_IS_OVERLOADED, why)
             elif not more:
                 try:
                     body = b"".join(self._json)
@@ -399,7 +399,7 @@ class _Watcher:
             self._let_go()
             del body
             why = memory_budget_message("the handler's answer", then="Retry shortly.")
-            await _answer(self._send, 503, MEMORY_BUDGET_EXCEEDED, why)
+            await _answer(self._send, 503, SERVER_IS_OVERLOADED, why)
             return
         try:
             response = orjson.loads(body)

@@ -254,7 +254,7 @@ class Stats:
     def _memory(self) -> dict[str, int]:
         """The memory budget (`Limits.max_memory_bytes`): what WebSocket mode holds in this
         process (every middleware of it), this middleware's part, the limit, the most ever
-        held, and the reservations refused (work answered `memory_budget_exceeded`)."""
+        held, and the reservations refused (work answered `server_is_overloaded`)."""
         budget = self.budget
         if budget is None:
             return {}

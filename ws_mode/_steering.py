@@ -47,7 +47,7 @@ from ._client_events import CreateEvent, SteerEvent, text_input
 from ._items import Items
 from ._limits import Limits
 from ._protocol import (
-    MEMORY_BUDGET_EXCEEDED,
+    SERVER_IS_OVERLOADED,
     SERVER_SHUTTING_DOWN,
     SERVER_SHUTTING_DOWN_MESSAGE,
     client_call_answer,
@@ -73,7 +73,7 @@ STEER_MESSAGES = {
     "too_many_pending_steers": "Too much steering input is pending: at most {limit} submissions "
     "for one response (Limits.max_pending_steers), {bytes} bytes for the connection counted "
     "decoded (Limits.max_steer_bytes).",
-    MEMORY_BUDGET_EXCEEDED: memory_budget_message("this steering input"),
+    SERVER_IS_OVERLOADED: memory_budget_message("this steering input"),
     "response_not_active": "The response ended before the steering input could be applied.",
     "response_interrupted": "The response was interrupted (response.interrupt) before the "
     "steering input could be applied; no response continues with it.",
@@ -307,7 +307,7 @@ class Steering:
             )
             return failed("too_many_pending_steers", message)
         if self.budget is not None and not self.budget.reserve(size):
-            return failed(MEMORY_BUDGET_EXCEEDED, STEER_MESSAGES[MEMORY_BUDGET_EXCEEDED])
+            return failed(SERVER_IS_OVERLOADED, STEER_MESSAGES[SERVER_IS_OVERLOADED])
         accepted = Steer(
             id="steer_" + secrets.token_hex(16),  # 32 hex digits, as OpenAI's
             target=target,

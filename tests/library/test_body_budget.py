@@ -1,7 +1,7 @@
 """The request bodies ws_mode builds for the handler count in the memory budget
 (`Limits.max_memory_bytes`): a continuation's full-context body, and what the handler holds of
 it (a framework's copy, the JSON decoded), is reserved from the build until the handler call
-ends, however it ends; a body that does not fit is refused (`memory_budget_exceeded`, 503)
+ends, however it ends; a body that does not fit is refused (`server_is_overloaded`, 503)
 before the handler is called, the socket, its cache and its other lanes kept. (RSS:
 tests/library/test_memory_bodies.py.)"""
 
@@ -137,7 +137,7 @@ def test_a_continuation_whose_body_does_not_fit_is_refused_and_the_socket_stays_
         assert (refused["status"], refused["error"]["type"], refused["error"]["code"]) == (
             503,
             "server_error",
-            "memory_budget_exceeded",
+            "server_is_overloaded",
         )
         assert refused["stream_id"] == "b"
         assert "this request was refused" in refused["error"]["message"]

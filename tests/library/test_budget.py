@@ -63,7 +63,7 @@ async def test_a_request_the_budget_cannot_hold_is_refused_and_the_rest_given_ba
     lanes.submit(create("a", "waiting"), 400)
     with pytest.raises(ProtocolError) as refused:
         lanes.submit(create("b", "too much"), 400)
-    assert (refused.value.code, refused.value.status) == ("memory_budget_exceeded", 503)
+    assert (refused.value.code, refused.value.status) == ("server_is_overloaded", 503)
     assert refused.value.type == "server_error"
     await settle()
     assert recorder.started == ["running"]

@@ -2,7 +2,7 @@
 (`BatchingWebSocketProtocol`, under uvicorn): what the fragments of a message still arriving
 hold is counted in the middleware's memory budget as they come, and let go when the message
 ends or the client leaves; a fragment the budget cannot hold drops the message at once (the
-rest is let go as it arrives), and the message is answered `memory_budget_exceeded`, the
+rest is let go as it arrives), and the message is answered `server_is_overloaded`, the
 socket and its cached responses kept. Before, the fragments were held outside the budget, up to
 the message size limit per socket, however small they were on the wire (permessage-deflate);
 tests/library/test_memory_frames.py measures that as RSS."""
@@ -135,7 +135,7 @@ async def test_a_fragment_the_budget_cannot_hold_drops_its_message_and_keeps_the
             assert not sending.finishing.is_set()
             await sending.finish()
             refused = await terminal(socket)
-            assert refused["error"]["code"] == "memory_budget_exceeded", refused
+            assert refused["error"]["code"] == "server_is_overloaded", refused
             assert refused["status"] == 503
             # The socket and its cached response are kept: the conversation goes on.
             follow = {

@@ -8,7 +8,7 @@ handler answers a large JSON response object, and the clients read nothing. Befo
 were counted, every lane held its answer, decoded, and a frame of it outside the budget: RSS
 grew several times `max_memory_bytes`. Now the worker's growth stays within 1.5 x
 `max_memory_bytes` plus the per-socket overhead, and the answers past the budget fail their
-turns with `memory_budget_exceeded` (503). Stateful HTTP's echo of a JSON answer is held to the
+turns with `server_is_overloaded` (503). Stateful HTTP's echo of a JSON answer is held to the
 same rule for clients that do not read their answers.
 """
 
@@ -142,11 +142,11 @@ def test_answers_to_clients_that_do_not_read_stay_within_the_budget(server: str)
     finally:
         opened.close()
     after = wait_for(server, lambda s: s["connections_open"] == 0 and s["memory_bytes"] == 0)
-    assert after["errors"].get("memory_budget_exceeded", 0) > 0
+    assert after["errors"].get("server_is_overloaded", 0) > 0
 
 
 def test_a_refused_answer_keeps_the_conversation(server: str) -> None:
-    """A continuation whose answer the budget cannot hold fails with memory_budget_exceeded,
+    """A continuation whose answer the budget cannot hold fails with server_is_overloaded,
     and the response it continued stays cached: continuing it again works, on the same lane."""
     url = server.replace("http", "ws", 1) + "/v1/responses"
     with connect(url, max_size=None) as client:
@@ -167,7 +167,7 @@ def test_a_refused_answer_keeps_the_conversation(server: str) -> None:
             client.send(json.dumps(create))
             refused = _terminal(client)
             assert refused["type"] == "error", refused["type"]
-            assert (refused["status"], refused["error"]["code"]) == (503, "memory_budget_exceeded")
+            assert (refused["status"], refused["error"]["code"]) == (503, "server_is_overloaded")
         client.send(json.dumps({**create, "model": "quick"}))
         assert _terminal(client)["type"] == "response.completed"
 

@@ -8,7 +8,7 @@ continue one large cached conversation on several lanes at once while the handle
 request. Before bodies were reserved, each lane held an uncounted copy of the conversation:
 RSS grew several times the budget, which refused nothing. Now the worker's growth stays within
 1.5 x `max_memory_bytes` plus the per-socket overhead, and the lanes past the budget are
-refused (`memory_budget_exceeded`, 503) on sockets that keep their caches.
+refused (`server_is_overloaded`, 503) on sockets that keep their caches.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_continuations_of_a_cached_conversation_stay_within_the_budget(server: s
         refused = [a for a in answers if a["type"] == "error"]
         assert refused, "nothing was refused"
         assert {(a["status"], a["error"]["code"]) for a in refused} == {
-            (503, "memory_budget_exceeded")
+            (503, "server_is_overloaded")
         }
         assert any(a["type"] == "response.completed" for a in answers)
         # The refused sockets kept their caches: each continues its conversation again.

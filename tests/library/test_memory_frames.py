@@ -136,7 +136,7 @@ def test_refused_frames_are_not_kept_while_their_sockets_stay_open() -> None:
         for socket in sockets:
             socket.send(huge)
             error = _next(socket)
-            assert (error["type"], error["error"]["code"]) == ("error", "memory_budget_exceeded")
+            assert (error["type"], error["error"]["code"]) == ("error", "server_is_overloaded")
         held = stats(base_url)
         growth = held["rss"] - before
         assert held["memory_refusals"] == SOCKETS
@@ -223,7 +223,7 @@ def test_messages_left_unfinished_hold_no_more_than_the_budget() -> None:
             refused = _next(socket)
             assert (refused["type"], refused["error"]["code"]) == (
                 "error",
-                "memory_budget_exceeded",
+                "server_is_overloaded",
             )
             socket.send(_create(input="again"))
             assert _terminal(socket)["type"] == "response.completed"

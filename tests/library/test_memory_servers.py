@@ -155,7 +155,7 @@ def warm_up_growth(flags: list[str]) -> int:
             refused = _next(socket)
             assert (refused["type"], refused["error"]["code"]) == (
                 "error",
-                "memory_budget_exceeded",
+                "server_is_overloaded",
             )
         growth: int = stats(server.origin)["rss"] - before
         return growth

@@ -1,6 +1,6 @@
 """What the store brings back counts in the memory budget (`Limits.max_memory_bytes`): a
 stateful HTTP body rebuilt from the store is reserved until the handler returns (503
-`memory_budget_exceeded` when it does not fit, the handler not called), and a conversation
+`server_is_overloaded` when it does not fit, the handler not called), and a conversation
 hydrated on a socket that no cache keeps is reserved by the turn that uses it; lanes that
 miss the same id at once share one hydrated copy. (The same for socket bodies:
 tests/library/test_body_budget.py.)"""
@@ -120,7 +120,7 @@ def test_a_stateful_body_that_does_not_fit_is_refused_with_503(store: MemoryStor
         answer = post(base_url, model="ok", previous_response_id="resp_large")
         assert answer.status_code == 503
         error = answer.json()["error"]
-        assert (error["type"], error["code"]) == ("server_error", "memory_budget_exceeded")
+        assert (error["type"], error["code"]) == ("server_error", "server_is_overloaded")
         assert "Limits.max_memory_bytes" in error["message"]
         assert handler.calls == 0  # refused before the handler was called
         assert held(middleware) == 0
@@ -182,7 +182,7 @@ def test_a_hydrated_conversation_the_budget_cannot_hold_is_refused(store: Memory
         assert (refused["type"], refused["status"], refused["error"]["code"]) == (
             "error",
             503,
-            "memory_budget_exceeded",
+            "server_is_overloaded",
         )
         assert refused["stream_id"] == "a"
         assert handler.calls == 0

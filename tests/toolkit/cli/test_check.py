@@ -364,13 +364,13 @@ def test_a_draining_server_is_reported_as_shutting_down(
 def test_a_server_out_of_memory_budget_is_named() -> None:
     """The other 503 an upgrade gets from ws_mode (the answer tests/library/test_memory_budget.py
     provokes): named with its own hint."""
-    body = b'{"error":{"type":"server_error","code":"memory_budget_exceeded","message":"full"}}'
+    body = b'{"error":{"type":"server_error","code":"server_is_overloaded","message":"full"}}'
     refusal = InvalidStatus(Response(503, "Service Unavailable", Headers(), body))
     detail, kind, data = describe_refusal(refusal)
     assert kind == "memory"
     assert detail.startswith("HTTP 503: the server's memory budget is used")
     assert "Limits.max_memory_bytes" in HINTS[kind]
-    assert data == {"status": 503, "code": "memory_budget_exceeded"}
+    assert data == {"status": 503, "code": "server_is_overloaded"}
 
 
 def test_a_proxy_that_strips_upgrade_is_named(

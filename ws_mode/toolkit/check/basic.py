@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from ws_mode._protocol import MEMORY_BUDGET_EXCEEDED, SERVER_SHUTTING_DOWN, TERMINAL_EVENTS
+from ws_mode._protocol import SERVER_IS_OVERLOADED, SERVER_SHUTTING_DOWN, TERMINAL_EVENTS
 from ws_mode.testing._client import SyncSocket, check_received
 from ws_mode.testing._expected import new_input
 from ws_mode.testing._items import as_items
@@ -78,8 +78,12 @@ def describe_refusal(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
             return f"HTTP {status}: redirected to {where}; check that URL", "redirect", data
         if status == 503 and code == SERVER_SHUTTING_DOWN:
             return f"HTTP 503: the server is shutting down ({said})", "draining", data
-        if status == 503 and code == MEMORY_BUDGET_EXCEEDED:
-            return f"HTTP 503: the server's memory budget is used ({said})", "memory", data
+        if status == 503 and code == SERVER_IS_OVERLOADED:
+            return (
+                f"HTTP 503: the server is overloaded, its memory budget used ({said})",
+                "memory",
+                data,
+            )
         if status >= 500:
             return (
                 f"HTTP {status}: the server or the proxy's upstream failed ({said})",

@@ -53,7 +53,7 @@ HINTS: Final[dict[str, str]] = {
     "draining": "the server is shutting down (503 server_shutting_down): it answers so "
     "between its stop and its exit, and clients retry. Check again once it (or the server "
     "replacing it) serves.",
-    "memory": "the server's memory budget is used (503 memory_budget_exceeded): it opens no "
+    "memory": "the server's memory budget is used (503 server_is_overloaded): it opens no "
     "socket until work it holds ends. Raise Limits.max_memory_bytes, or add workers.",
     "not_enabled": "HTTP 426 Upgrade Required: nothing speaks WebSocket mode here; put "
     "ws_mode's WebSocketModeMiddleware in front of the Responses handler.",
