@@ -394,7 +394,8 @@ class TurnRunner:
             record.model = model if isinstance(model, str) else None
             record.usage = usage = Usage.of(terminal)
             if usage is not None:
-                self.stats.count_tokens(record.model, usage)
+                continuation = record.previous_response_id is not None
+                self.stats.count_tokens(record.model, usage, continuation=continuation)
         response = stream.tap.response
         if response is not None:
             status = response.get("status")
