@@ -41,9 +41,9 @@ pytestmark = pytest.mark.skipif(ROUTER is None, reason="vllm-router is not insta
 
 
 @contextlib.contextmanager
-def vllm_router(worker_urls: list[str]) -> Iterator[str]:
-    """vllm-router with the consistent_hash policy in front of `worker_urls`; its base URL once
-    it answers `/health`."""
+def vllm_router(worker_urls: list[str], *options: str) -> Iterator[str]:
+    """vllm-router with the consistent_hash policy in front of `worker_urls` (and `options`);
+    its base URL once it answers `/health`."""
     assert ROUTER is not None
     port = free_port()
     command = [ROUTER, "--worker-urls", *worker_urls, "--policy", "consistent_hash"]
@@ -51,6 +51,7 @@ def vllm_router(worker_urls: list[str]) -> Iterator[str]:
     # Its metrics listen on a fixed port by default (29000): another router running at once
     # (another test process) would make it exit.
     command += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    command += options
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
@@ -88,21 +89,10 @@ def converse(proxy_url: str) -> list[dict[str, Any]]:
     every continuation (the first turns' cannot hit: each conversation's prompt is its own)."""
     continuations: list[dict[str, Any]] = []
     for _ in range(CONVERSATIONS):
-        instructions = "You are agent " + words(40)
         with connect(proxy_url) as ws:
-            previous = None
-            for _turn in range(TURNS):
-                create: dict[str, Any] = {"type": "response.create", "model": MODEL}
-                create["input"] = [{"role": "user", "content": "Do this: " + words(30)}]
-                create["instructions"] = instructions
-                if previous is not None:
-                    create["previous_response_id"] = previous
-                ws.send(create)
-                event = ws.receive_turn(timeout=20)[-1]
-                assert event["type"] == "response.completed", event
-                if previous is not None:
-                    continuations.append(event["response"]["usage"])
-                previous = event["response"]["id"]
+            chat = Chat(ws)
+            chat.turn()
+            continuations += [chat.turn() for _turn in range(TURNS - 1)]
     return continuations
 
 
@@ -140,3 +130,77 @@ def test_the_conversation_key_keeps_continuations_on_the_replica_holding_their_p
     assert ratios["continuation"]["count"] == CONVERSATIONS * (TURNS - 1)
     assert ratios["first"]["count"] == CONVERSATIONS
     assert ratios["first"]["buckets"]["0.0"] == CONVERSATIONS  # a first turn cannot hit
+
+
+def test_a_replica_that_dies_costs_its_conversations_one_prefill_once_the_router_drops_it() -> None:
+    """A replica stops mid-run; once the router's health check has dropped it (checked every
+    second here), the keys it served move with the ring to the others: each conversation it
+    held finds its next turn cold (one prefill), then hits again; none fails."""
+    replicas = [Replica(f"replica-{n}") for n in range(3)]
+    servers = [serve(replica_app(replica)) for replica in replicas]
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(server) for server in servers]
+        health = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1")
+        router = stack.enter_context(vllm_router(urls, *health))
+        proxy = stack.enter_context(
+            serve(WebSocketModeMiddleware(create_proxy(router + "/v1")), lifespan="on")
+        )
+        sockets = [stack.enter_context(connect(proxy)) for _ in range(CONVERSATIONS)]
+        chats = [Chat(socket) for socket in sockets]
+        for _ in range(3):
+            for chat in chats:
+                chat.turn()
+        # Which replica holds which conversation: the one whose cache served its last turn.
+        served = [len(replica.served) for replica in replicas]
+        victim = max(range(len(replicas)), key=served.__getitem__)
+        held = [chat for chat in chats if chat.replica_of(replicas) == victim]
+        assert held
+        servers[victim].__exit__(None, None, None)
+        deadline = time.monotonic() + 30
+        while healthy(router, urls[victim]):
+            assert time.monotonic() < deadline, "the router never dropped the dead replica"
+            time.sleep(0.1)
+        after = [[cached_share([chat.turn()]) for chat in chats] for _ in range(2)]
+    first_after, second_after = after
+    for chat, ratio in zip(chats, first_after, strict=True):
+        # Moved: one cold prefill. Stayed: a hit, as before.
+        assert (ratio == 0.0) == (chat in held), (ratio, chat in held)
+    assert all(ratio > 0.5 for ratio in second_after)
+
+
+class Chat:
+    """One conversation on a socket: `turn()` sends its next turn."""
+
+    def __init__(self, socket: Any) -> None:
+        self.socket = socket
+        self.instructions = "You are agent " + words(40)
+        self.previous: str | None = None
+        self.last_text = ""
+
+    def turn(self) -> dict[str, Any]:
+        """Send the next turn; the usage its response reported."""
+        create: dict[str, Any] = {"type": "response.create", "model": MODEL}
+        create["input"] = [{"role": "user", "content": "Do this: " + words(30)}]
+        create["instructions"] = self.instructions
+        if self.previous is not None:
+            create["previous_response_id"] = self.previous
+        self.socket.send(create)
+        event = self.socket.receive_turn(timeout=20)[-1]
+        assert event["type"] == "response.completed", event
+        response = event["response"]
+        self.previous = response["id"]
+        self.last_text = response["output"][0]["content"][0]["text"]
+        usage: dict[str, Any] = response["usage"]
+        return usage
+
+    def replica_of(self, replicas: list[Replica]) -> int:
+        """The replica that answered its last turn (its answer names it)."""
+        return next(
+            n for n, replica in enumerate(replicas) if self.last_text.startswith(replica.name + " ")
+        )
+
+
+def healthy(router: str, worker: str) -> bool:
+    """Whether the router still counts `worker` healthy (its `/workers`)."""
+    workers = httpx.get(router + "/workers", timeout=5).json()["workers"]
+    return any(each["url"] == worker and each["is_healthy"] for each in workers)
