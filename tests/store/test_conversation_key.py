@@ -313,3 +313,40 @@ def test_a_memory_store_keeps_the_key_with_the_record() -> None:
     records = list(store._records.values())
     assert records
     assert all(record.conversation_key == key for record, _ in records)
+
+
+def test_stateful_http_fills_the_body_fields_and_keeps_the_input() -> None:
+    """Over stateful HTTP too: `prompt_cache_key` filled with the chain's key when the client
+    sent none, `cache_salt` the principal's; the input reaches the handler whole."""
+    store = MemoryStore()
+    options = {"fill_prompt_cache_key": True, "cache_salt": True}
+    seen_inputs: list[Any] = []
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            body = await read_body(receive)
+            seen_inputs.append(json.loads(body).get("input"))
+
+            async def replay() -> dict[str, Any]:
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await echo(scope, replay, send)
+            return
+        await echo(scope, receive, send)
+
+    middleware = WebSocketModeMiddleware(
+        recording, authenticate=who, store=store, stateful_http=True, **options
+    )
+    with serve(middleware) as base:
+        first = over_http(base, input="hello there")
+        second = over_http(base, previous_response_id=first["id"], input="and more")
+        own = over_http(base, prompt_cache_key="mine")
+    key = seen(first)["turn"]
+    assert seen(first)["prompt_cache_key"] == key
+    assert seen(second)["prompt_cache_key"] == seen(second)["turn"] == key
+    assert seen(own)["prompt_cache_key"] == "mine"
+    assert seen(first)["cache_salt"] == seen(second)["cache_salt"] == seen(own)["cache_salt"]
+    # A string input reaches the handler as its one user message, as a continuation's does.
+    assert seen_inputs[0] == [{"role": "user", "content": "hello there"}]
+    assert [item.get("content") for item in seen_inputs[1]][-1] == "and more"
+    assert len(seen_inputs[1]) == 3  # the first input, its answer, the new input
