@@ -4,7 +4,7 @@ cut in two::
 
     127.0.0.1:52624 - "response.create /v1/responses" completed 41.2ms conn=3f9a1c2e
         lane=- id=resp_0a1b previous=- cache=- in=312 out=5120 tokens_in=1830 tokens_out=96
-        code=-
+        cached=0.00 code=-
     127.0.0.1:52624 - "WebSocket /v1/responses" 1001 8.214s conn=3f9a1c2e by=server turns=5
         refused=0 in=1560 out=25600 reason="server shutting down"
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(ACCESS_LOGGER)
 
 _TURN_LINE: Final = (
     '%s - "response.create %s" %s %.1fms conn=%s lane=%s id=%s previous=%s cache=%s '
-    "in=%d out=%d tokens_in=%s tokens_out=%s code=%s"
+    "in=%d out=%d tokens_in=%s tokens_out=%s cached=%s code=%s"
 )
 _CONNECTION_LINE: Final = (
     '%s - "WebSocket %s" %s %.3fs conn=%s by=%s turns=%d refused=%d in=%d out=%d reason=%s'
@@ -65,6 +65,7 @@ def turn_line(record: TurnRecord) -> None:
     connection = record.connection
     duration_ms = record.duration * 1000
     usage = record.usage
+    ratio = usage.cache_ratio if usage is not None else None
     logger.info(
         _TURN_LINE,
         for_logfmt(connection.client),
@@ -80,6 +81,7 @@ def turn_line(record: TurnRecord) -> None:
         record.bytes_out,
         usage.input_tokens if usage is not None else "-",
         usage.output_tokens if usage is not None else "-",
+        f"{ratio:.2f}" if ratio is not None else "-",
         for_logfmt(record.error_code),
         extra=cut_strings(
             {
@@ -100,6 +102,7 @@ def turn_line(record: TurnRecord) -> None:
                 "cached_input_tokens": usage.cached_tokens if usage is not None else None,
                 "output_tokens": usage.output_tokens if usage is not None else None,
                 "reasoning_tokens": usage.reasoning_tokens if usage is not None else None,
+                "prompt_cache_ratio": ratio,
             }
         ),
     )

@@ -98,12 +98,27 @@ def principal_key(principal: Any, custom: PrincipalKey | None = None) -> str:
             )
             raise UnkeyedPrincipal()
         return "principal:" + key
+    found = stable_key(principal)
+    if found is None:
+        logger.error(_ADVICE, "None" if principal is None else f"a {type(principal).__qualname__}")
+        raise UnkeyedPrincipal()
+    return found
+
+
+def stable_key(principal: Any, custom: PrincipalKey | None = None) -> str | None:
+    """`principal_key(principal, custom)`, or None where it would refuse; logs nothing (for
+    callers that fall back on a scope of their own, as the conversation key does)."""
+    if custom is not None:
+        try:
+            key = custom(principal)
+        except Exception:
+            return None
+        return "principal:" + key if isinstance(key, str) and key else None
     if isinstance(principal, str):
         return "principal:" + str.__str__(principal)
     stable = _stable(principal)
     if stable is None:
-        logger.error(_ADVICE, "None" if principal is None else f"a {type(principal).__qualname__}")
-        raise UnkeyedPrincipal()
+        return None
     kind, value = stable
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     return f"principal-{kind}:{text}"

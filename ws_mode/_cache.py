@@ -59,6 +59,7 @@ class CachedResponse:
         "chain_size",
         "context_bytes",
         "context_decoded",
+        "conversation_key",
         "declared_tools",
         "depth",
         "holders",
@@ -90,6 +91,7 @@ class CachedResponse:
         size: int | None = None,
         remote: bool = False,
         storable: bool = False,
+        conversation_key: str | None = None,
     ) -> None:
         self.id = id
         self.response = response
@@ -102,6 +104,13 @@ class CachedResponse:
         self.stream_id = stream_id
         #: The first response of its conversation, which groups it in a store.
         self.chain_id: str = parent.chain_id if parent is not None else id
+        #: Its conversation's key (`ws_mode._conversation`), its parent's unless given; None
+        #: for one hydrated from a record stored without a key (derived from `chain_id`).
+        self.conversation_key: str | None = (
+            conversation_key
+            if conversation_key is not None or parent is None
+            else parent.conversation_key
+        )
         #: It and every response before it allowed storing (`store` not false).
         self.storable: bool = storable and (parent is None or parent.storable)
         self.tools_digest = tools_digest

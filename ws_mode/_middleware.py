@@ -26,6 +26,7 @@ from ._auth import (
 )
 from ._budget import CONNECTION_COST, MemoryBudget
 from ._connection import Connection
+from ._conversation import DEFAULT_HEADERS, ConversationKeys
 from ._errors import ConfigError
 from ._headers import handshake_answer_headers
 from ._hooks import call_hook
@@ -161,6 +162,14 @@ class WebSocketModeMiddleware:
     reads `openai-model`, `x-models-etag`, `x-reasoning-included`, `x-codex-turn-state` there);
     hop-by-hop and `Sec-WebSocket-*` names are refused, and a hook that fails refuses the
     upgrade with 500.
+    Every chain of responses has a conversation key (`Turn.conversation_key`; docs/fleet.md):
+    an HMAC with `conversation_key_secret` (None: a random secret for this process; a fleet
+    shares one) of the principal's key and a seed (random, or the client's `prompt_cache_key`),
+    made at the chain's first turn and kept with its responses in the cache and the store.
+    Every handler call carries it in the headers `conversation_key_headers` names
+    (`x-session-id` by default, replacing the client's; empty or None: none), for a router.
+    `fill_prompt_cache_key=True` sends it as `prompt_cache_key` when the client sent none;
+    `cache_salt=True` sends vLLM's `cache_salt`, a key of the principal's, on every turn.
     """
 
     #: The option error of a middleware a framework made lazily: the lifespan startup fails with
@@ -194,6 +203,10 @@ class WebSocketModeMiddleware:
         start_degraded: bool = False,
         enabled: bool = True,
         handshake_headers: HandshakeHeaders | None = None,
+        conversation_key_secret: str | bytes | None = None,
+        conversation_key_headers: Sequence[str] | None = DEFAULT_HEADERS,
+        fill_prompt_cache_key: bool = False,
+        cache_salt: bool = False,
     ) -> None:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"path must be a string starting with '/', got {path!r}.")
@@ -241,6 +254,12 @@ class WebSocketModeMiddleware:
         for name, hook in hooks:
             if hook is not None and not callable(hook):
                 raise ConfigError(f"{name} must be callable or None, got {hook!r}.")
+        conversations = ConversationKeys(
+            conversation_key_secret,
+            headers=conversation_key_headers,
+            fill_prompt_cache_key=fill_prompt_cache_key,
+            cache_salt=cache_salt,
+        )
         self.app = app
         self.settings = Settings(
             app=app,
@@ -262,6 +281,7 @@ class WebSocketModeMiddleware:
             handshake_headers=handshake_headers,
             budget=MemoryBudget(limits.max_memory_bytes),
             observer=Observer(tracing=tracing, access_log=access_log),
+            conversations=conversations,
         )
         self.authenticate = authenticate
         self.start_degraded = start_degraded

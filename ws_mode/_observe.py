@@ -138,6 +138,9 @@ def _turn_attributes(record: TurnRecord) -> dict[str, Any]:
         attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
         attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
         attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+        ratio = usage.cache_ratio
+        if ratio is not None:  # did the turn find its prefix in the replica's cache?
+            attributes["ws_mode.prompt_cache_ratio"] = ratio
     if record.cache is not None:
         attributes["ws_mode.cache.hit"] = record.cache == "hit"
         attributes["ws_mode.store.hydrated"] = record.cache == "store"

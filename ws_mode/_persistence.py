@@ -461,6 +461,7 @@ class StoreLink:
                 input_fragment=record.input,
                 size=decoded_size(record.response),
                 storable=True,
+                conversation_key=record.conversation_key,
             )
             self._stored[record.id] = True
         assert node is not None  # a chain holds at least the response asked for
@@ -524,4 +525,5 @@ def _record(node: CachedResponse) -> StoredResponse:
         output=node.output_fragment,
         response=orjson.dumps(node.response),
         tools_digest=node.tools_digest,
+        conversation_key=node.conversation_key,
     )

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ._asgi import ASGIApp, Scope
 from ._auth import Authenticator, PrincipalKey
 from ._budget import MemoryBudget
+from ._conversation import ConversationKeys
 from ._errors import ConfigError
 from ._limits import Limits
 from ._observe import Observer
@@ -66,6 +67,8 @@ class Settings:
     stats: Stats = field(default_factory=Stats)
     #: This middleware's view of the process's memory budget (`Limits.max_memory_bytes`).
     budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(Limits().max_memory_bytes))
+    #: The conversation keys: their secret, the headers they go in (`ws_mode._conversation`).
+    conversations: ConversationKeys = field(default_factory=ConversationKeys)
     #: Where each connection's and turn's record goes: spans (`tracer_provider`) and the access
     #: log (`access_log`) (`ws_mode._observe`).
     observer: Observer = field(default_factory=Observer)

@@ -31,6 +31,7 @@ from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
 from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
 from ._cache import decoded_size
 from ._client_events import may_store, store_problem, text_input, too_long_id
+from ._conversation import conversation_scope
 from ._frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from ._handler_call import replay_body
 from ._items import encode_items, with_input
@@ -104,7 +105,9 @@ class StatefulHTTP:
             await _answer(send, exc.status, failure_code(exc), exc.message, headers=headers)
             return
         if scope["method"] == "POST":
-            await self._post(scope, receive, send, owner)
+            # A principal here always has a key, or there is none (a shared store).
+            keys_scope = conversation_scope(principal, settings.principal_key, owner)
+            await self._post(scope, receive, send, owner, keys_scope)
             return
         response_id = scope["path"].rsplit("/", 1)[-1]
         if len(response_id) > MAX_ID_CHARS:  # no server issues one: refused unread, unlogged
@@ -140,7 +143,9 @@ class StatefulHTTP:
             deleted = {"id": response_id, "object": "response.deleted", "deleted": True}
             await _json(send, 200, orjson.dumps(deleted))
 
-    async def _post(self, scope: Scope, receive: Receive, send: Send, owner: str) -> None:
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, owner: str, keys_scope: str
+    ) -> None:
         raw = await _body(receive, self.settings.limits.max_message_bytes)
         if raw is None:
             limit = self.settings.limits.max_message_bytes
@@ -191,7 +196,20 @@ class StatefulHTTP:
         # The records (and the client's body) are let go once the handler's body is built:
         # only their ids are needed after.
         parent, chain_id = (chain[-1].id, chain[0].chain_id) if chain else (None, None)
-        request = _full_request(body, chain, new_items) if chain else raw
+        keys = self.settings.conversations
+        if chain_id is None:
+            key = keys.first(keys_scope, body.get("prompt_cache_key"))
+        else:  # the latest a record carries (one written before keys carries none)
+            stored = [each.conversation_key for each in chain if each.conversation_key]
+            key = stored[-1] if stored else keys.of_chain(keys_scope, chain_id)
+        extra = keys.fields(keys_scope, key, body)
+        if chain:
+            request = _full_request({**body, **extra}, chain, new_items)
+        elif extra:
+            fields = orjson.dumps({**body, **extra})
+            request = with_input(fields, [new_items]) if new_items else fields
+        else:
+            request = raw
         del chain, raw
         # A body rebuilt from the store, and what the handler holds of it, are reserved in the
         # memory budget until the handler returns; refused, the handler is not called.
@@ -214,6 +232,7 @@ class StatefulHTTP:
                 input=new_items,
                 output=encode_items(output),
                 response=orjson.dumps(response),
+                conversation_key=key,
             )
             seconds = self.settings.limits.store_write_seconds
             writes.append(
@@ -222,7 +241,7 @@ class StatefulHTTP:
 
         limit = self.settings.limits.max_buffered_answer_bytes
         watcher = _Watcher(send, parent, finished, limit, budget)
-        headers = _without_length(scope.get("headers", ()))
+        headers = keys.with_key(_without_length(scope.get("headers", ())), key)
         headers.append((b"content-length", str(len(request)).encode()))
         try:
             await self.settings.app(

@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 
 #: Upper bounds (seconds) of the turn latency histogram's buckets; the last is +Inf.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Upper bounds of the prompt-cache ratio histogram's buckets (`cached_tokens / input_tokens`
+#: of one turn); the last is +Inf.
+CACHE_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+#: The `turn` label of the ratio: a chain's first turn (which a prefix cache can only hit
+#: for a shared prompt) or a continuation (which should hit, on the replica holding it).
+TURN_KINDS: Final = ("first", "continuation")
 #: The last bucket's bound as `snapshot()` and Prometheus write it (JSON has no infinity).
 INF_BOUND = "+Inf"
 
@@ -48,8 +54,11 @@ ERROR_CODE_LABELS: Final = 64
 OTHER_LABEL: Final = "other"
 
 #: What a number is: one that only grows, one that goes up and down, counts by error code
-#: (`{code: count}`), the turn latency's histogram, or token counts by model and kind.
-Kind = Literal["counter", "gauge", "counters by code", "histogram", "tokens by model"]
+#: (`{code: count}`), the turn latency's histogram, token counts by model and kind, or a
+#: histogram by model and kind of turn (the prompt-cache ratio).
+Kind = Literal[
+    "counter", "gauge", "counters by code", "histogram", "tokens by model", "histogram by model"
+]
 
 
 class Metric(NamedTuple):
@@ -129,6 +138,11 @@ METRICS: tuple[Metric, ...] = (
         "tokens by model",
         "Tokens the responses' usage reported, by model and kind.",
     ),
+    Metric(
+        "prompt_cache_ratio",
+        "histogram by model",
+        "Share of each turn's input tokens read from the prompt cache, by model and turn.",
+    ),
 )
 
 #: Every `Stats` of the process still in use, by the order they were made (`live_stats()`).
@@ -199,6 +213,9 @@ class Stats:
         self.latency_sum = 0.0
         #: Token counts by model label, in the order of `TOKEN_KINDS`.
         self._tokens: dict[str, list[int]] = {}
+        #: The prompt-cache ratio by (model label, `TURN_KINDS` kind): the bucket counts, the
+        #: sum of the ratios.
+        self._ratios: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
         self._closed_evictions = 0
         #: Reads the evictions of the caches of open connections (set by the middleware).
         self.live_evictions: Callable[[], int] = lambda: 0
@@ -228,8 +245,12 @@ class Stats:
         if failed:
             self.turns_failed += 1
 
-    def count_tokens(self, model: str | None, usage: Usage) -> None:
-        """A response ended reporting `usage`; `model` is the model its response object names."""
+    def count_tokens(
+        self, model: str | None, usage: Usage, *, continuation: bool | None = None
+    ) -> None:
+        """A response ended reporting `usage`; `model` is the model its response object names.
+        With `continuation` (whether the turn continued a response), its prompt-cache ratio
+        (`Usage.cache_ratio`) goes in the histogram too."""
         tokens = self._tokens
         label = bounded_label(model, tokens, MODEL_LABELS) if model is not None else OTHER_LABEL
         counts = tokens.get(label)
@@ -240,6 +261,14 @@ class Stats:
         counts[1] += cached_tokens
         counts[2] += output_tokens
         counts[3] += reasoning_tokens
+        ratio = usage.cache_ratio
+        if continuation is not None and ratio is not None:
+            kind = TURN_KINDS[continuation]
+            found = self._ratios.get((label, kind))
+            if found is None:
+                found = self._ratios[(label, kind)] = ([0] * (len(CACHE_RATIO_BUCKETS) + 1), [0.0])
+            found[0][bisect_left(CACHE_RATIO_BUCKETS, ratio)] += 1
+            found[1][0] += ratio
 
     def _token_counts(self) -> dict[str, Any]:
         """The tokens counted: a total by kind, and `by_model`, each model label's counts by
@@ -269,14 +298,16 @@ class Stats:
     def _latency(self) -> dict[str, Any]:
         """The turn latency as Prometheus keeps a histogram: cumulative counts by upper bound
         (as text, the last `+Inf`), the count and the sum of seconds."""
-        buckets: dict[str, int] = {}
-        total = 0
-        for bound, count in zip(
-            (*LATENCY_BUCKETS, float("inf")), self.latency_buckets, strict=True
-        ):
-            total += count
-            buckets[bound_label(bound)] = total
-        return {"buckets": buckets, "count": total, "sum": self.latency_sum}
+        return _histogram(LATENCY_BUCKETS, self.latency_buckets, self.latency_sum)
+
+    def _cache_ratios(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The prompt-cache ratio's histograms (as `_latency`'s), by model label and by kind
+        of turn (`TURN_KINDS`)."""
+        by_model: dict[str, dict[str, dict[str, Any]]] = {}
+        for (model, kind), (counts, total) in list(self._ratios.items()):
+            histogram = _histogram(CACHE_RATIO_BUCKETS, counts, total[0])
+            by_model.setdefault(model, {})[kind] = histogram
+        return by_model
 
     def snapshot(self) -> dict[str, Any]:
         """Every key of `METRICS` (the memory budget's with a budget): counters and gauges as
@@ -287,6 +318,7 @@ class Stats:
             "errors": dict(self.errors),
             "turn_latency": self._latency(),
             "tokens": self._token_counts(),
+            "prompt_cache_ratio": self._cache_ratios(),
             **self._memory(),
         }
         return {
@@ -294,3 +326,14 @@ class Stats:
             for metric in METRICS
             if not metric.key.startswith("memory_") or metric.key in values
         }
+
+
+def _histogram(bounds: tuple[float, ...], counts: list[int], total: float) -> dict[str, Any]:
+    """A histogram as Prometheus keeps one: cumulative counts by upper bound (as text, the
+    last `+Inf`), the count and the sum."""
+    buckets: dict[str, int] = {}
+    seen = 0
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+        seen += count
+        buckets[bound_label(bound)] = seen
+    return {"buckets": buckets, "count": seen, "sum": total}

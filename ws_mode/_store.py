@@ -30,7 +30,9 @@ class StoredResponse:
 
     `input` and `output` are the items encoded as a JSON array's contents, `response` the
     terminal response object encoded; `parent_id` the response it continued, `chain_id` the
-    first response of its conversation.
+    first response of its conversation, `conversation_key` the conversation's key
+    (`ws_mode._conversation`; None in a record written before keys, whose key is derived from
+    `chain_id`).
     """
 
     id: str
@@ -40,6 +42,7 @@ class StoredResponse:
     output: bytes
     response: bytes
     tools_digest: bytes | None = None
+    conversation_key: str | None = None
 
     def encode(self) -> bytes:
         """The record as bytes, for stores that keep bytes: a line of JSON for the ids, then
@@ -50,6 +53,9 @@ class StoredResponse:
             "chain_id": self.chain_id,
             "tools_digest": self.tools_digest.hex() if self.tools_digest else None,
         }
+        if self.conversation_key is not None:
+            # Only when there is one: a record without reads as before keys, to any version.
+            head["conversation_key"] = self.conversation_key
         return b"\n".join((orjson.dumps(head), self.input, self.output, self.response))
 
     @classmethod
@@ -58,6 +64,7 @@ class StoredResponse:
         head, input, output, response = data.split(b"\n", 3)
         fields: dict[str, Any] = orjson.loads(head)
         digest = fields.get("tools_digest")
+        key = fields.get("conversation_key")
         return cls(
             id=fields["id"],
             parent_id=fields["parent_id"],
@@ -66,6 +73,7 @@ class StoredResponse:
             output=output,
             response=response,
             tools_digest=bytes.fromhex(digest) if digest else None,
+            conversation_key=key if isinstance(key, str) else None,
         )
 
     @property

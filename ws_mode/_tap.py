@@ -202,6 +202,14 @@ class Usage(NamedTuple):
     output_tokens: int = 0
     reasoning_tokens: int = 0
 
+    @property
+    def cache_ratio(self) -> float | None:
+        """The share of the input read from the provider's prompt cache (`cached_tokens /
+        input_tokens`, at most 1); None without input tokens."""
+        if self.input_tokens <= 0:
+            return None
+        return min(1.0, self.cached_tokens / self.input_tokens)
+
     @classmethod
     def of(cls, response: dict[str, Any]) -> Usage | None:
         """The usage a response object reports; None when it reports none (`usage` absent or

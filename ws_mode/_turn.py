@@ -45,6 +45,10 @@ class Turn:
 
     `usage` is what this turn's response used, read from its terminal response object as the
     metrics count it (`Usage.of`), once the response ended: what an `on_response` hook bills.
+    `conversation_key` is the key of the conversation this turn belongs to (the same for every
+    turn of one chain of responses, on any lane, connection or process sharing the secret;
+    opaque hex, naming no response and no principal): what the request's `x-session-id`
+    header (`conversation_key_headers`) carries too, for a router.
     """
 
     __slots__ = (
@@ -53,6 +57,7 @@ class Turn:
         "_tools",
         "artifacts",
         "cache_aware",
+        "conversation_key",
         "full_context",
         "generate",
         "new_tokens",
@@ -83,6 +88,7 @@ class Turn:
         principal: Any = None,
         steering: SteerInbox | None = None,
         tools: list[dict[str, Any]] | None = None,
+        conversation_key: str | None = None,
     ) -> None:
         self.previous = previous
         self._tools = tools
@@ -101,6 +107,8 @@ class Turn:
         self.new_tokens = new_tokens
         #: What the middleware's `authenticate` hook returned for this connection.
         self.principal = principal
+        #: The conversation's key (`ws_mode._conversation`); None only for a Turn made by hand.
+        self.conversation_key = conversation_key
         self.prefix_tokens: Tokens | None = None
         #: The tokens this turn's response used, as the metrics count them; None until it
         #: ended (set before `on_response` runs), and when it reported no usage.
@@ -240,18 +248,22 @@ def build_body(
     *,
     full_context: bool,
     new_fragment: bytes | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The HTTP request body of one turn.
 
     Fresh chains (and uncached parents forwarded to the handler) carry the client's fields
     and input as sent. Continuations either carry the whole
     context, assembled by joining the cached nodes' encoded fragments with the new items
-    (`full_context`), or only the new items and `previous_response_id`.
+    (`full_context`), or only the new items and `previous_response_id`. `extra` fields
+    (`prompt_cache_key`, `cache_salt` from the conversation key) replace the client's.
     """
     if new_fragment is None:
         new_fragment = create.items.fragment  # encoded once, wherever it is needed
     if previous is None or not full_context:
         fields = dict(create.fields)
+        if extra:
+            fields.update(extra)
         if previous is not None:
             fields["previous_response_id"] = previous.id
         elif create.previous_response_id is not None:
@@ -266,7 +278,8 @@ def build_body(
     fragments = previous.context_fragments()
     if new_fragment:
         fragments.append(new_fragment)
-    return with_input(orjson.dumps(create.fields), fragments)
+    head = {**create.fields, **extra} if extra else create.fields
+    return with_input(orjson.dumps(head), fragments)
 
 
 def body_cost(

@@ -31,6 +31,7 @@ from ._asgi import Scope
 from ._budget import MemoryBudget
 from ._cache import CachedResponse, ResponseCache
 from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
+from ._conversation import conversation_scope
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._lanes import Lanes
@@ -105,7 +106,10 @@ class TurnRunner:
         self.store: StoreLink | None = None
         #: The responses streaming now.
         self.streams: set[ResponseStream] = set()
-        self._headers = handler_headers(scope)
+        # The client's own conversation key headers are never passed on: each turn sets them.
+        self._headers = settings.conversations.without_key_headers(handler_headers(scope))
+        #: The scope of this connection's conversation keys when its principal has no key.
+        self._own_scope = "connection:" + secrets.token_hex(16)
         #: Where turns enter: the whole application when the framework exposes one holding
         #: this middleware (every HTTP middleware a plain POST meets runs, those outside
         #: ws_mode included), else the app the middleware wraps.
@@ -293,7 +297,7 @@ class TurnRunner:
             previous_response_id=create.previous_response_id,
             inbox=inbox,
         )
-        headers = self._headers
+        headers = self.settings.conversations.with_key(self._headers, current.conversation_key)
         if record.span is not None:  # the turn's trace context goes to the handler
             headers = record.span.handler_headers(headers)
         scope = http_scope(
@@ -397,7 +401,8 @@ class TurnRunner:
             record.model = model if isinstance(model, str) else None
             record.usage = usage = Usage.of(terminal)
             if usage is not None:
-                self.stats.count_tokens(record.model, usage)
+                continuation = record.previous_response_id is not None
+                self.stats.count_tokens(record.model, usage, continuation=continuation)
         response = stream.tap.response
         if response is not None:
             status = response.get("status")
@@ -426,7 +431,11 @@ class TurnRunner:
             # A parent made elsewhere (hydrated from the store): render its context once.
             parent = previous
             parent.defer_tokens(lambda: Tokens().extended(renderer(list(parent.context_items()))))
+        keys, settings = self.settings.conversations, self.settings
+        scope = conversation_scope(self.principal, settings.principal_key, self._own_scope)
+        key = keys.of_turn(scope, previous, create.fields.get("prompt_cache_key"))
         current = Turn(
+            conversation_key=key,
             previous=previous,
             new_input=create.items,
             stream_id=create.stream_id,
@@ -444,7 +453,11 @@ class TurnRunner:
         if not create.generate:
             return current, new_fragment, None
         body = build_body(
-            create, previous, full_context=current.full_context, new_fragment=new_fragment
+            create,
+            previous,
+            full_context=current.full_context,
+            new_fragment=new_fragment,
+            extra=keys.fields(scope, key, create.fields),
         )
         return current, new_fragment, body
 
@@ -503,6 +516,7 @@ class TurnRunner:
             tools_digest=current.tools_digest,
             input_fragment=new_fragment,
             storable=_storable(create, response),
+            conversation_key=current.conversation_key,
         )
         self.cache_response(node, current, [], write=False)
         node.tokens  # noqa: B018  (render now: that is what a warm-up is for)
@@ -601,6 +615,7 @@ class _TurnInFlight:
             input_fragment=self.new_fragment,
             remote=self.forwarded,
             storable=_storable(create, response),
+            conversation_key=current.conversation_key,
         )
         # What the request held is let go first, so the two never count at once.
         runner.lanes.let_go(self.request)

@@ -17,7 +17,9 @@ a counter or gauge under `{prefix}_{key}`, the error events as the counter `{pre
 labelled by `code` (at most `ws_mode._stats.ERROR_CODE_LABELS` of them, cut as log values
 are, then `other`), the turn latency as the histogram `{prefix}_turn_seconds`, the tokens as
 the counter `{prefix}_tokens` labelled by `model` (at most `ws_mode._stats.MODEL_LABELS` of
-them, then `other`) and `kind` (`input`, `cached_input`, `output`, `reasoning`).
+them, then `other`) and `kind` (`input`, `cached_input`, `output`, `reasoning`), each turn's
+share of input tokens read from the prompt cache as the histogram `{prefix}_prompt_cache_ratio`
+labelled by `model` and `turn` (`first`, `continuation`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ _DEFAULT_NAME: Final = "default"
 _CODE_LABEL: Final = "code"
 #: The labels of `{prefix}_tokens`: the model the response objects name, the kind of token.
 _TOKEN_LABELS: Final = ("model", "kind")
+#: The labels of `{prefix}_prompt_cache_ratio`: the model, the turn (`first`, `continuation`).
+_RATIO_LABELS: Final = ("model", "turn")
 #: Where Prometheus's naming differs from the snapshot key: a unit ends the name.
 _EXPORTED_AS: Final = {"turn_latency": "turn_seconds"}
 
@@ -108,6 +112,14 @@ def _families(
                     for token_kind in TOKEN_KINDS:
                         tokens.add_metric([*labels, model, token_kind], by_kind[token_kind])
             family = tokens
+        elif metric.kind == "histogram by model":
+            ratios = HistogramMetricFamily(name, metric.help, labels=[*label_names, *_RATIO_LABELS])
+            for labels, by_model in given:
+                for model, by_turn in sorted(by_model.items()):
+                    for turn, histogram in sorted(by_turn.items()):
+                        buckets = list(histogram["buckets"].items())
+                        ratios.add_metric([*labels, model, turn], buckets, histogram["sum"])
+            family = ratios
         else:
             kind = CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily
             number = kind(name, metric.help, labels=label_names)

@@ -41,7 +41,19 @@ from ws_mode.testing._client import SyncSocket, connect
 WAIT = 10.0
 TURN_LINE = AccessLine(
     "response.create /v1/responses",
-    ("conn", "lane", "id", "previous", "cache", "in", "out", "tokens_in", "tokens_out", "code"),
+    (
+        "conn",
+        "lane",
+        "id",
+        "previous",
+        "cache",
+        "in",
+        "out",
+        "tokens_in",
+        "tokens_out",
+        "cached",
+        "code",
+    ),
     outcome="status",
     duration="ms",
     unit="ms",
@@ -175,6 +187,8 @@ def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
     # The tokens the response's usage reported; none reported, none written.
     assert (one["tokens_in"], one["tokens_out"]) == ("-", "-")
     assert (two["tokens_in"], two["tokens_out"]) == ("1830", "96")
+    # The share of the input read from the prompt cache: 1024 of 1830.
+    assert (one["cached"], two["cached"]) == ("-", "0.56")
     assert all(int(line["bytes_in"]) > 0 and int(line["bytes_out"]) > 0 for line in (one, two))
     assert (connection["close"], connection["by"], connection["turns"]) == ("1000", "client", "2")
     assert connection["refused"] == "0"
@@ -187,6 +201,7 @@ def test_a_conversation_leaves_a_line_per_turn_and_one_for_the_connection(
     assert record.__dict__["previous_response_id"] == first
     assert record.__dict__["status"] == "completed"
     assert record.__dict__["cache"] == "hit"
+    assert record.__dict__["prompt_cache_ratio"] == 1024 / 1830
     assert record.__dict__["connection_id"] == connection["conn"]
     assert record.__dict__["model"] == "m-2026-01-01"  # the response's, not the request's
     tokens = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens")

@@ -27,6 +27,7 @@ from ws_mode import ConfigError, Limits, MemoryStore, WebSocketModeMiddleware, f
 from ws_mode._asgi import Receive, Scope, Send
 from ws_mode._logs import LOG_VALUE_CHARS, cut
 from ws_mode._stats import (
+    CACHE_RATIO_BUCKETS,
     ERROR_CODE_LABELS,
     LATENCY_BUCKETS,
     METRICS,
@@ -117,7 +118,11 @@ def test_every_key_of_the_stats_table_is_exported_under_its_own_name_and_kind() 
     middleware = WebSocketModeMiddleware(Starlette())
     middleware.stats.error("invalid_json")
     families = scrape(registered(middleware))
-    prometheus_type = {"counters by code": "counter", "tokens by model": "counter"}
+    prometheus_type = {
+        "counters by code": "counter",
+        "tokens by model": "counter",
+        "histogram by model": "histogram",
+    }
     assert len(METRICS) >= 23
     for metric in METRICS:
         family = families.get(family_name(metric))
@@ -533,6 +538,8 @@ def metrics_table() -> str:
             labels.append("`code`")
         if metric.kind == "tokens by model":
             labels += ["`model`", "`kind`"]
+        if metric.kind == "histogram by model":
+            labels += ["`model`", "`turn`"]
         if family.type == "histogram":
             labels.append("`le`")
         meaning = family.documentation
@@ -580,3 +587,33 @@ def test_the_operations_pages_alerts_are_prometheus_rules() -> None:
     for rule in alerts.values():
         assert re.search(r"\bws_mode_\w+", rule["expr"]), rule
         assert rule["annotations"]["summary"]
+
+
+def test_the_prompt_cache_ratio_is_a_histogram_by_model_and_turn() -> None:
+    middleware = WebSocketModeMiddleware(Starlette())
+    stats = middleware.stats
+    stats.count_tokens("m", Usage(1000, 0, 10, 0), continuation=False)  # a first turn: cold
+    stats.count_tokens("m", Usage(1000, 900, 10, 0), continuation=True)
+    stats.count_tokens("m", Usage(1000, 1000, 10, 0), continuation=True)
+    stats.count_tokens("m", Usage(0, 0, 10, 0), continuation=True)  # no input: no ratio
+    stats.count_tokens("m", Usage(1000, 500, 10, 0))  # not a turn's: tokens only
+    histogram = scrape(registered(middleware))["ws_mode_prompt_cache_ratio"]
+    assert histogram.type == "histogram"
+
+    def buckets(turn: str) -> dict[str, float]:
+        return {
+            sample.labels["le"]: sample.value
+            for sample in histogram.samples
+            if sample.name == "ws_mode_prompt_cache_ratio_bucket"
+            and sample.labels == {**sample.labels, "model": "m", "turn": turn}
+        }
+
+    first, continuation = buckets("first"), buckets("continuation")
+    assert list(first) == [repr(bound) for bound in CACHE_RATIO_BUCKETS] + ["+Inf"]
+    assert (first["0.0"], first["+Inf"]) == (1, 1)
+    assert (continuation["0.75"], continuation["0.9"], continuation["1.0"]) == (0, 1, 2)
+    ratio_sum = value(histogram, "ws_mode_prompt_cache_ratio_sum", model="m", turn="continuation")
+    assert ratio_sum == pytest.approx(1.9)
+    ratios = stats.snapshot()["prompt_cache_ratio"]
+    assert ratios["m"]["continuation"]["count"] == 2
+    assert ratios["m"]["first"]["buckets"] == first

@@ -164,7 +164,14 @@ def test_every_number_stats_keeps_is_in_the_table() -> None:
     assert kept - latency <= keys
     assert latency <= kept
     kinds = {metric.kind for metric in METRICS}
-    assert kinds == {"counter", "gauge", "counters by code", "histogram", "tokens by model"}
+    assert kinds == {
+        "counter",
+        "gauge",
+        "counters by code",
+        "histogram",
+        "tokens by model",
+        "histogram by model",
+    }
 
 
 def test_every_stats_of_the_process_is_found_until_it_is_let_go() -> None:

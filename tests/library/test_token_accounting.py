@@ -330,6 +330,10 @@ def test_the_tokens_counted_over_the_socket_are_those_the_client_received_and_th
             assert {kind: attributes[name] for kind, name in SPAN_NAMES.items()} == counts(
                 response["usage"]
             )
+            # The share of its input read from the prompt cache, when it had input.
+            used = response["usage"]
+            ratio = used["input_tokens_details"]["cached_tokens"] / used["input_tokens"]
+            assert attributes["ws_mode.prompt_cache_ratio"] == ratio
 
 
 def socket_turn_alone(url: str, key: str) -> dict[str, Any]:

@@ -107,6 +107,7 @@ def _proxy(args: argparse.Namespace) -> int:
     import_servers_lean()
     import httpx
 
+    from ws_mode._conversation import SECRET_ENV
     from ws_mode._errors import ConfigError
     from ws_mode.proxy import create_proxy
     from ws_mode.proxy._transport import aiohttp_installed
@@ -131,6 +132,7 @@ def _proxy(args: argparse.Namespace) -> int:
         store=store_from_argument(args.store) if args.store else None,
         start_degraded=args.start_degraded,
         handshake_headers=upstream.handshake_headers if args.upstream_handshake else None,
+        conversation_key_secret=os.environ.get(SECRET_ENV) or None,
         **scoping,
     )
     auth = "the configured key" if api_key else "the client's Authorization"

@@ -247,6 +247,8 @@ def build_app(
     ``rate_limited_model`` are answered with 429 and OpenAI's rate-limit headers.
     Its :class:`~ws_mode.toolkit.reference.ReferenceStats` are on ``app.app.state.reference_stats``.
     """
+    from ws_mode._conversation import SECRET_ENV
+
     from ..reference import ReferenceConfig, create_app
 
     reference = create_app(
@@ -263,6 +265,7 @@ def build_app(
         store=store,
         shared_store=store is not None,  # no authentication: nobody to scope responses by
         start_degraded=start_degraded,
+        conversation_key_secret=os.environ.get(SECRET_ENV) or None,
     )
 
 
