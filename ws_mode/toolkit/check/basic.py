@@ -80,7 +80,7 @@ def describe_refusal(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
             return f"HTTP 503: the server is shutting down ({said})", "draining", data
         if status == 503 and code == SERVER_IS_OVERLOADED:
             return (
-                f"HTTP 503: the server is overloaded, its memory budget used ({said})",
+                f"HTTP 503: the server's memory budget is used ({said})",
                 "memory",
                 data,
             )
