@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from cachetools import LRUCache
 
 from ._encryption import RecordCodec, RecordUnreadable, codec_of
+from ._errors import ConfigError
 from ._install import install_hint
 from ._logs import for_log
 from ._store import DEFAULT_TTL_SECONDS, ParentNotStored, QuotaExceeded, StoredResponse
@@ -285,20 +286,26 @@ class RedisStore:
             raise ImportError(f"RedisStore needs redis-py: {install_hint('redis')}") from error
 
         _check_bounds(ttl_seconds, timeout, write_timeout)
-        replicas = wait_replicas_of(url, wait_replicas)  # the URL checked before a client is made
-        in_url = store_options(url)[1]
+        try:
+            replicas = wait_replicas_of(url, wait_replicas)  # checked before a client is made
+            in_url = store_options(url)[1]
+        except ValueError as error:  # what is wrong with the URL, without its credentials
+            raise ConfigError(f"RedisStore: {error}") from None
         codec = codec_of(
             encryption_keys, read_plaintext, in_url.encryption_keys_env, in_url.read_plaintext
         )
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
-        endpoint = open_client(
-            url,
-            max_connections=max_connections,
-            # Each call has its own deadline (`timeout` or `write_timeout`) over all of it.
-            timeout=max(timeout, write_timeout),
-            connect_timeout=timeout,
-        )
+        try:
+            endpoint = open_client(
+                url,
+                max_connections=max_connections,
+                # Each call has its own deadline (`timeout` or `write_timeout`) over all of it.
+                timeout=max(timeout, write_timeout),
+                connect_timeout=timeout,
+            )
+        except ValueError as error:
+            raise ConfigError(f"RedisStore: {error}") from None
         self._setup(
             endpoint.client,
             kind=endpoint.kind,

@@ -42,3 +42,16 @@ def test_the_line_says_what_uvicorn_says(capsys: pytest.CaptureFixture[str]) -> 
     assert serve_fails(capsys, "store_without_authenticate").endswith(
         "WebSocketModeMiddleware: " + words
     )
+
+
+def test_a_malformed_store_url_in_the_app_is_one_line_without_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["serve", "--app", "tests.bad_store_url_app:app", "--port", "0"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    assert "Traceback" not in out + err
+    (line,) = err.splitlines()
+    assert line.startswith("ws-mode serve: error: --app tests.bad_store_url_app:app: RedisStore: ")
+    assert "notaport" in line
+    assert "secret" not in line

@@ -115,6 +115,10 @@ def load_app(target: str, *, factory: bool, app_dir: str = ".") -> Any:
         found = import_from_string(target)
     except ImportFromStringError as exc:
         raise CommandError(f"--app {target}: {exc}") from None
+    except ConfigError as exc:
+        # ws_mode's own refusal of a setting the app's module made (a store's malformed URL):
+        # one line, as for the middleware's options; any other error keeps its traceback.
+        raise CommandError(f"--app {target}: {exc}") from None
     if not factory:
         return found
     if not callable(found):
