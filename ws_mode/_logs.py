@@ -29,6 +29,10 @@ of a log record (for a structured formatter) or of a span (for an exporter, whic
 :func:`cut` bounds it: the same `LOG_VALUE_CHARS`, so a record or a span queued behind a slow
 handler or a collector that is down holds a few hundred characters of each value, never what
 the client sent.
+
+**The application's failures.** When a hook of the application raises (`renderer`,
+`authenticate`, ...), :func:`hook_raised` writes the one line an operator reads: the hook, the
+exception and its traceback, and what became of the request.
 """
 
 from __future__ import annotations
@@ -80,6 +84,15 @@ def cut_strings(attributes: dict[str, Any]) -> dict[str, Any]:
     """`attributes` with each string in it cut (:func:`cut`): what a log record or a span
     holds of them."""
     return {name: cut(value) if type(value) is str else value for name, value in attributes.items()}
+
+
+def hook_raised(logger: logging.Logger, hook: str, exc: BaseException | None, then: str) -> None:
+    """Log, once per failure, that the application's `hook` raised `exc`: one ERROR line on
+    `logger` that names the hook and the exception (``renderer raised ValueError: ...``),
+    says what became of the request (`then`), and carries the traceback. The exception's
+    message goes through :func:`for_log` (it may quote what the client sent)."""
+    said = for_log(exc) if exc is not None else "an exception"
+    logger.error("%s raised %s; %s", hook, said, then, exc_info=exc)
 
 
 def _text(value: object) -> str:

@@ -27,7 +27,13 @@ from typing import Any
 import orjson
 
 from ._asgi import Message, Receive, Scope, Send
-from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
+from ._auth import (
+    AuthenticationFailed,
+    authenticate,
+    challenge,
+    failure_code,
+    failure_param,
+)
 from ._client_events import may_store, store_problem, text_input, too_long_id
 from ._frames import OFF_LOOP_BYTES, HelperDied, HelperUnavailable, in_helper
 from ._handler_call import replay_body
@@ -93,8 +99,8 @@ class StatefulHTTP:
                 principal = await authenticate(settings.authenticate, scope)
             owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
         except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
-            headers = challenge(exc)
-            await _answer(send, exc.status, failure_code(exc), exc.message, headers=headers)
+            code, param = failure_code(exc), failure_param(exc)  # param: a hook that raised
+            await _answer(send, exc.status, code, exc.message, param=param, headers=challenge(exc))
             return
         if scope["method"] == "POST":
             await self._post(scope, receive, send, owner)
