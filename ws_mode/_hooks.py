@@ -15,8 +15,10 @@ failures apart from ws_mode's own (`HookFailed`).
   a request, as Django requires of code that touches its ORM (its connections are per thread).
   Those calls run one at a time per process.
 
-The `renderer` and a `principal_key` function are not called through here: they are plain
-functions ws_mode calls where it needs their answer, on the event loop (docs/api.md, "Hooks").
+The `renderer` and a `principal_key` function are not run in a thread: they are plain
+functions ws_mode calls inline, on the event loop, where it needs their answer (docs/handlers.md,
+"How hooks run"); the renderer is wrapped once (`guarded_renderer`) so that what it raises is
+known to be its own.
 
 To choose yourself, pass the hook already wrapped: ``sync_to_async(hook)`` runs every call in
 that one thread (for code that is not thread-safe), ``sync_to_async(hook,
