@@ -9,8 +9,9 @@ import asyncio
 import logging
 from typing import Any
 
+from . import _logs as logs
 from ._cache import CachedResponse
-from ._hooks import call_hook
+from ._hooks import HookFailed, call_hook
 from ._logs import for_log
 from ._settings import Settings
 from ._socket import ClientGone
@@ -49,14 +50,23 @@ class AfterResponses:
         self, node: CachedResponse | None, current: Turn, response: dict[str, Any]
     ) -> None:
         await asyncio.sleep(0)  # let the terminal event go out first
+        said = for_log(response.get("id"))
         try:
             if node is not None:
                 node.tokens  # noqa: B018  (render the output now, while the client runs its tools)
-            hook = self.settings.on_response
-            if hook is not None:
-                await call_hook(hook, current, response)
+        except HookFailed as exc:
+            then = f"rendering the output of {said}; a turn continuing it fails"
+            logs.hook_raised(logger, exc.hook, exc.__cause__, then)
         except Exception:
-            logger.exception("post-response work failed for %s", for_log(response.get("id")))
+            logger.exception("post-response work failed for %s", said)
+        hook = self.settings.on_response
+        if hook is None:
+            return
+        try:
+            await call_hook(hook, current, response)
+        except Exception as exc:
+            then = f"after {said}, which the client has; the socket goes on"
+            logs.hook_raised(logger, "on_response", exc, then)
 
     async def finish(self) -> None:
         """Give work still running a grace period (`Limits.after_response_grace_seconds`),

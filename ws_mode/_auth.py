@@ -29,9 +29,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from . import _logs as logs
 from ._asgi import Scope
 from ._errors import WSModeError
 from ._hooks import call_hook
+from ._protocol import hook_failed_message
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,17 @@ class AuthenticationFailed(WSModeError):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class HookRefusal(AuthenticationFailed):
+    """A hook that authorizes a request (`authenticate`, a `principal_key` function) raised:
+    the request is refused with 500 `server_error`, `param` the hook's name (`hook`), and the
+    log has the exception (`ws_mode._logs.hook_raised`)."""
+
+    def __init__(self, hook: str) -> None:
+        super().__init__(hook_failed_message(hook))
+        self.status = 500
+        self.hook = hook
 
 
 class UnkeyedPrincipal(AuthenticationFailed):
@@ -87,8 +100,8 @@ def principal_key(principal: Any, custom: PrincipalKey | None = None) -> str:
         try:
             key = custom(principal)
         except Exception as exc:
-            logger.exception("the principal_key function failed")
-            raise UnkeyedPrincipal() from exc
+            logs.hook_raised(logger, "principal_key", exc, "the request is refused with 500")
+            raise HookRefusal("principal_key") from exc
         if not isinstance(key, str) or not key:
             logger.error(
                 "refusing a request: principal_key returned %s for a %s principal; it must "
@@ -160,16 +173,14 @@ def bearer_token(scope: Scope, *, subprotocol_prefix: str = TOKEN_SUBPROTOCOL_PR
 
 async def authenticate(hook: Authenticator, scope: Scope) -> Any:
     """Run the hook on a handshake: the principal, or `AuthenticationFailed` (a hook that
-    fails otherwise is logged and refuses with 500)."""
+    fails otherwise is logged and refuses with 500: `HookRefusal`)."""
     try:
         principal = await call_hook(hook, scope)
     except AuthenticationFailed:
         raise
     except Exception as exc:
-        logger.exception("the authenticate hook failed")
-        failed = AuthenticationFailed("Authentication failed on the server.")
-        failed.status = 500
-        raise failed from exc
+        logs.hook_raised(logger, "authenticate", exc, "the request is refused with 500")
+        raise HookRefusal("authenticate") from exc
     return principal
 
 
@@ -182,3 +193,8 @@ def challenge(exc: AuthenticationFailed) -> list[tuple[bytes, bytes]]:
 def failure_code(exc: AuthenticationFailed) -> str:
     """The error code a refusal carries."""
     return {401: "invalid_api_key", 403: "forbidden"}.get(exc.status, "server_error")
+
+
+def failure_param(exc: AuthenticationFailed) -> str | None:
+    """The `param` a refusal carries: the hook's name when a hook raised, else none."""
+    return exc.hook if isinstance(exc, HookRefusal) else None

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ._asgi import Message, Receive, Scope, Send
-from ._auth import AuthenticationFailed, authenticate, failure_code
+from ._auth import AuthenticationFailed, authenticate, failure_code, failure_param
 from ._budget import BUDGET_EXTENSION, PARSE_FACTOR, REFUSED_MESSAGE, warn_outside_budget
 from ._cache import ResponseCache
 from ._client_events import (
@@ -524,7 +524,8 @@ class Connection:
                     with contextlib.suppress(ClientGone):
                         await give_back()
                 kind = error_type_for_status(exc.status)
-                event = error_event(exc.status, kind, failure_code(exc), exc.message)
+                code, param = failure_code(exc), failure_param(exc)
+                event = error_event(exc.status, kind, code, exc.message, param=param)
                 with contextlib.suppress(ClientGone):
                     await self.send_error(event)
                 await self.lanes.stop()  # all but the lane this may run in: ClientGone ends it

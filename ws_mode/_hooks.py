@@ -1,5 +1,6 @@
-"""Calling the application's hooks (`authenticate`, `on_response`) without blocking the event
-loop, and without making them wait for each other.
+"""Calling the application's hooks (`authenticate`, `on_response`, `handshake_headers`) without
+blocking the event loop, and without making them wait for each other; and telling their
+failures apart from ws_mode's own (`HookFailed`).
 
 - An async hook (an ``async def``, an object whose ``__call__`` is one, or a function wrapped
   in asgiref's ``sync_to_async``) is awaited on the event loop.
@@ -14,6 +15,11 @@ loop, and without making them wait for each other.
   a request, as Django requires of code that touches its ORM (its connections are per thread).
   Those calls run one at a time per process.
 
+The `renderer` and a `principal_key` function are not run in a thread: they are plain
+functions ws_mode calls inline, on the event loop, where it needs their answer (docs/handlers.md,
+"How hooks run"); the renderer is wrapped once (`guarded_renderer`) so that what it raises is
+known to be its own.
+
 To choose yourself, pass the hook already wrapped: ``sync_to_async(hook)`` runs every call in
 that one thread (for code that is not thread-safe), ``sync_to_async(hook,
 thread_sensitive=False)`` a Django hook in any thread (close the ORM's connections yourself:
@@ -25,7 +31,8 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -39,6 +46,34 @@ HOOK_THREADS: Final = 32
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+class HookFailed(Exception):
+    """A hook of the application raised (`hook` names it by its keyword; the exception it
+    raised is this one's cause). Caught where ws_mode reports it: the log line names the hook
+    and its exception (`ws_mode._logs.hook_raised`), the client's error names the hook
+    (`ws_mode._protocol.hook_failed`), never the exception."""
+
+    def __init__(self, hook: str) -> None:
+        super().__init__(f"the application's {hook} raised")
+        self.hook = hook
+
+
+def guarded_renderer(
+    renderer: Callable[[list[dict[str, Any]]], Iterable[int]],
+) -> Callable[[list[dict[str, Any]]], Sequence[int]]:
+    """`renderer` as ws_mode calls it: what it returns read at once (a generator that fails
+    fails here, not later as ws_mode copies its tokens), and whatever it raises raised as
+    `HookFailed("renderer")`, so the turn it fails says whose error it is."""
+
+    def render(items: list[dict[str, Any]]) -> Sequence[int]:
+        try:
+            tokens = renderer(items)
+            return tokens if isinstance(tokens, list | tuple | array) else list(tokens)
+        except Exception as exc:
+            raise HookFailed("renderer") from exc
+
+    return render
 
 
 def is_async(hook: Callable[..., Any]) -> bool:

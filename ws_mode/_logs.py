@@ -35,6 +35,10 @@ previous=resp_1``): there a value goes through :func:`for_logfmt`, written as it
 a plain token, else in double quotes with ``"`` and ``\\`` escaped by a backslash and every
 character that is not printable escaped as ``repr`` does, so a logfmt reader reads one value
 whatever it holds (a space, a quote, an ``=``, a newline), cut to the same bound.
+
+**The application's failures.** When a hook of the application raises (`renderer`,
+`authenticate`, ...), :func:`hook_raised` writes the one line an operator reads: the hook, the
+exception and its traceback, and what became of the request.
 """
 
 from __future__ import annotations
@@ -115,6 +119,15 @@ def cut_strings(attributes: dict[str, Any]) -> dict[str, Any]:
     """`attributes` with each string in it cut (:func:`cut`): what a log record or a span
     holds of them."""
     return {name: cut(value) if type(value) is str else value for name, value in attributes.items()}
+
+
+def hook_raised(logger: logging.Logger, hook: str, exc: BaseException | None, then: str) -> None:
+    """Log, once per failure, that the application's `hook` raised `exc`: one ERROR line on
+    `logger` that names the hook and the exception (``renderer raised ValueError: ...``),
+    says what became of the request (`then`), and carries the traceback. The exception's
+    message goes through :func:`for_log` (it may quote what the client sent)."""
+    said = for_log(exc) if exc is not None else "an exception"
+    logger.error("%s raised %s; %s", hook, said, then, exc_info=exc)
 
 
 def _text(value: object) -> str:

@@ -22,6 +22,7 @@ from ._auth import (
     authenticate,
     challenge,
     failure_code,
+    failure_param,
     principal_key,
 )
 from ._budget import CONNECTION_COST, MemoryBudget
@@ -40,6 +41,7 @@ from ._protocol import (
     SERVER_SHUTTING_DOWN,
     error_body,
     error_type_for_status,
+    hook_failed_message,
     json_answer,
     memory_budget_message,
 )
@@ -530,10 +532,14 @@ class WebSocketModeMiddleware:
                     )
                 except _DrainBegan:
                     raise
-                except Exception:
-                    logger.exception("the handshake_headers hook failed; refusing the upgrade")
-                    message = "The server failed to prepare the WebSocket handshake."
-                    await self._refuse(scope, send, 500, "server_error", message)
+                except Exception as exc:  # raised, or returned headers that cannot be sent
+                    logs.hook_raised(
+                        logger, "handshake_headers", exc, "the upgrade is refused (500)"
+                    )
+                    message = hook_failed_message("handshake_headers")
+                    await self._refuse(
+                        scope, send, 500, "server_error", message, param="handshake_headers"
+                    )
                     return
             if self._draining:  # it began while the limits were checked
                 raise _DrainBegan
@@ -565,6 +571,7 @@ class WebSocketModeMiddleware:
         message: str,
         *,
         headers: Sequence[tuple[bytes, bytes]] = (),
+        param: str | None = None,
     ) -> None:
         """Refuse the upgrade with an HTTP status and an OpenAI error body, through the denial
         response extension; servers without it get a close before accept (they answer 403)."""
@@ -574,7 +581,7 @@ class WebSocketModeMiddleware:
             await send({"type": "websocket.close", "code": 1008 if status in (401, 403) else 1013})
             return
         kind = error_type_for_status(status)
-        body = error_body(kind, code, message)
+        body = error_body(kind, code, message, param)
         for answer in json_answer("websocket.http.response", status, body, headers):
             await send(answer)
 
@@ -681,8 +688,9 @@ class WebSocketModeMiddleware:
                 client = ("address", scope["client"][0] if scope.get("client") else None)
         except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
             headers = challenge(exc)
+            code, param = failure_code(exc), failure_param(exc)
             await self._refuse(
-                scope, send, exc.status, failure_code(exc), exc.message, headers=headers
+                scope, send, exc.status, code, exc.message, headers=headers, param=param
             )
             return None
         return principal, owner, client

@@ -113,6 +113,38 @@ def server_error(message: str, *, stream_id: str | None = None) -> dict[str, Any
     return error_event(500, "server_error", "server_error", message, stream_id=stream_id)
 
 
+#: The hooks of the application, by the middleware keyword that names each, and how an error
+#: message names it. An exception one raises is the application's: the client's error says
+#: which (`hook_failed`), the server's log says what it raised.
+HOOKS: Final = {
+    "authenticate": "authenticate hook",
+    "principal_key": "principal_key function",
+    "handshake_headers": "handshake_headers hook",
+    "renderer": "renderer",
+    "on_response": "on_response hook",
+}
+
+
+def hook_failed_message(hook: str) -> str:
+    """What the client is told when the application's `hook` raised: which stage failed,
+    nothing of the exception (that is for the server's log)."""
+    return f"The application's {HOOKS.get(hook, hook)} failed on this request."
+
+
+def hook_failed(hook: str, stream_id: str | None = None) -> dict[str, Any]:
+    """The error event of a request a hook of the application failed: a 500 `server_error`
+    whose `param` is the hook's keyword (`renderer`, ...), for programs to tell it apart from
+    ws_mode's own failures."""
+    return error_event(
+        500,
+        "server_error",
+        "server_error",
+        hook_failed_message(hook),
+        param=hook,
+        stream_id=stream_id,
+    )
+
+
 def encode_event(event: dict[str, Any]) -> str:
     """Encode a server event as the text of one frame."""
     return orjson.dumps(event).decode()

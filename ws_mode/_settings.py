@@ -12,6 +12,7 @@ from ._auth import Authenticator, PrincipalKey
 from ._budget import MemoryBudget
 from ._conversation import ConversationKeys
 from ._errors import ConfigError
+from ._hooks import guarded_renderer
 from ._limits import Limits
 from ._observe import Observer
 from ._stats import Stats
@@ -72,6 +73,12 @@ class Settings:
     #: Where each connection's and turn's record goes: spans (`tracer_provider`) and the access
     #: log (`access_log`) (`ws_mode._observe`).
     observer: Observer = field(default_factory=Observer)
+
+    def __post_init__(self) -> None:
+        # Whatever the renderer raises, wherever ws_mode calls it, is raised as the
+        # renderer's (`HookFailed`), so the turn it fails names it.
+        if self.renderer is not None:
+            object.__setattr__(self, "renderer", guarded_renderer(self.renderer))
 
 
 def check_principals(

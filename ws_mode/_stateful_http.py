@@ -27,7 +27,13 @@ from typing import Any
 import orjson
 
 from ._asgi import Message, Receive, Scope, Send
-from ._auth import AuthenticationFailed, authenticate, challenge, failure_code
+from ._auth import (
+    AuthenticationFailed,
+    authenticate,
+    challenge,
+    failure_code,
+    failure_param,
+)
 from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
 from ._cache import decoded_size
 from ._client_events import may_store, store_problem, text_input, too_long_id
@@ -101,8 +107,8 @@ class StatefulHTTP:
                 principal = await authenticate(settings.authenticate, scope)
             owner = store_scope(principal, settings.principal_key, shared=settings.shared_store)
         except AuthenticationFailed as exc:  # an unkeyed principal too: a 500
-            headers = challenge(exc)
-            await _answer(send, exc.status, failure_code(exc), exc.message, headers=headers)
+            code, param = failure_code(exc), failure_param(exc)  # param: a hook that raised
+            await _answer(send, exc.status, code, exc.message, param=param, headers=challenge(exc))
             return
         if scope["method"] == "POST":
             # A principal here always has a key, or there is none (a shared store).

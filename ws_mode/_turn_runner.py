@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
+from . import _logs as logs
 from ._after_response import AfterResponses
 from ._asgi import Scope
 from ._budget import MemoryBudget
@@ -34,12 +35,14 @@ from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._conversation import conversation_scope
 from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
+from ._hooks import HookFailed
 from ._lanes import Lanes
 from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
     echoed_tool,
     encode_event,
     error_event,
+    hook_failed,
     memory_budget_exceeded,
     not_found,
     quoted_id,
@@ -671,6 +674,9 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
             f"The request cannot be re-encoded: {exc}. Nest input, tools and metadata less deeply.",
             stream_id=create.stream_id,
         )
+    if isinstance(exc, HookFailed):  # the application's renderer: its error, named
+        logs.hook_raised(logger, exc.hook, exc.__cause__, "the turn fails, the socket goes on")
+        return hook_failed(exc.hook, create.stream_id)
     logger.error("preparing a WebSocket mode turn failed", exc_info=exc)
     return server_error("The server failed to prepare this request.", stream_id=create.stream_id)
 

@@ -31,6 +31,9 @@ from .results import (
     CheckOptions,
     CheckResult,
     Target,
+    hint_for_error,
+    hook_hint,
+    hook_of,
     open_socket,
     read_event,
     require_finished,
@@ -79,11 +82,10 @@ def describe_refusal(exc: BaseException) -> tuple[str, str, dict[str, Any]]:
         if status == 503 and code == SERVER_SHUTTING_DOWN:
             return f"HTTP 503: the server is shutting down ({said})", "draining", data
         if status == 503 and code == SERVER_IS_OVERLOADED:
-            return (
-                f"HTTP 503: the server's memory budget is used ({said})",
-                "memory",
-                data,
-            )
+            return f"HTTP 503: the server's memory budget is used ({said})", "memory", data
+        hook = hook_of(error)
+        if status >= 500 and hook is not None:
+            return f"HTTP {status}: the application's {hook} raised ({said})", hook_hint(hook), data
         if status >= 500:
             return (
                 f"HTTP {status}: the server or the proxy's upstream failed ({said})",
@@ -133,6 +135,13 @@ def check_handshake(target: Target, options: CheckOptions) -> CheckResult:
 
 # ----------------------------------------------------------------------------- turns
 
+
+def _hint(turn: CheckedTurn, default: str) -> str:
+    """The hint of a turn that did not complete: its error's (:func:`hint_for_error`), else
+    ``default``."""
+    return hint_for_error(turn.error, default) if turn.error is not None else default
+
+
 #: The lanes the lanes check runs at once.
 LANES: Final = ("ws-mode-check-a", "ws-mode-check-b")
 #: The event type the error envelope check sends; no server knows it.
@@ -146,7 +155,7 @@ def check_warm_up(socket: SyncSocket, options: CheckOptions) -> CheckResult:
     result = run_turn(socket, request, options, Step(generate=False))
     if not result.completed:
         detail = f"a warm-up ended with {result.outcome()}"
-        return CheckResult.failed("warm-up", detail, "protocol")
+        return CheckResult.failed("warm-up", detail, _hint(result, "protocol"))
     kinds = " → ".join(event["type"] for event in result.events)
     return CheckResult.ok("warm-up", f"{kinds}, no output", events=len(result.events))
 
@@ -193,7 +202,7 @@ def check_unknown_previous_response(socket: SyncSocket, options: CheckOptions) -
         return CheckResult.failed(name, detail, "store", code=code)
     if code != "previous_response_not_found":
         detail = f"expected previous_response_not_found, got {describe_error(result.error)}"
-        return CheckResult.failed(name, detail, "protocol")
+        return CheckResult.failed(name, detail, hint_for_error(result.error, "protocol"))
     status = result.error["status"]
     return CheckResult.ok(name, f"error {status}, envelope valid", status=status)
 
@@ -253,7 +262,7 @@ def check_error_envelope(socket: SyncSocket, options: CheckOptions) -> CheckResu
     )
     if not after.completed:
         detail = f"after the error, a warm-up ended with {after.outcome()}"
-        return CheckResult.failed(name, detail, "protocol")
+        return CheckResult.failed(name, detail, _hint(after, "protocol"))
     status = result.error["status"]
     return CheckResult.ok(
         name, f"{code} {status} for a bad event; the socket stays usable", code=code

@@ -38,6 +38,7 @@ from .results import (
     Progress,
     Target,
     close_code,
+    hint_for_error,
     read_event,
     response_create,
     run_turn,
@@ -239,7 +240,8 @@ def check_idle_socket(
             return CheckResult.failed(name, detail, IDLE_HINTS["idle"], server_pings=wait.pings)
         if not result.completed:
             detail = f"after {idle:g} s idle, a warm-up ended with {result.outcome()}"
-            return CheckResult.failed(name, detail, "protocol")
+            hint = hint_for_error(result.error, "protocol") if result.error else "protocol"
+            return CheckResult.failed(name, detail, hint)
     detail = f"open after {idle:g} s without a frame from the client, and answering"
     return CheckResult.ok(
         name, f"{detail} ({describe_pings(wait.pings)})", seconds=idle, server_pings=wait.pings

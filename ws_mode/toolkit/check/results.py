@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ws_mode._protocol import TERMINAL_EVENTS
+from ws_mode._protocol import HOOKS, TERMINAL_EVENTS
 from ws_mode.testing._client import (
     CLOSE_TIMEOUT,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -318,9 +318,34 @@ def checked_turn(
     return CheckedTurn(request, events, response, output)
 
 
+def hook_of(error: Any) -> str | None:
+    """The hook of the application an error (the nested ``error`` object) says raised:
+    ws_mode's ``server_error`` whose ``param`` is a hook's keyword (docs/protocol.md, "Errors"),
+    else None."""
+    if not isinstance(error, Mapping) or error.get("type") != "server_error":
+        return None
+    param = error.get("param")
+    return param if isinstance(param, str) and param in HOOKS else None
+
+
+def hook_hint(hook: str) -> str:
+    """The hint of a failure a hook of the application caused: its exception, not the
+    deployment."""
+    return (
+        f"your {hook} raised: see the server log (an ERROR line '{hook} raised ...' with the "
+        "traceback). ws_mode's middleware is in front and answered; what failed is the "
+        f"application's {hook} (docs/api.md, 'Hooks')."
+    )
+
+
 def hint_for_error(error: dict[str, Any], default: str) -> str:
-    """The hint key of a turn that ended with ``error``: ``store`` for ws_mode's
-    ``store_unavailable`` (its store failed, whatever the check asked), else ``default``."""
+    """The hint (a key of :data:`HINTS`, or the hint itself) of a turn that ended with the
+    error event ``error``: a hook of the application that raised is named (:func:`hook_hint`),
+    ``store`` for ws_mode's ``store_unavailable`` (its store failed, whatever the check
+    asked), else ``default``."""
+    hook = hook_of(error.get("error"))
+    if hook is not None:
+        return hook_hint(hook)
     return "store" if error_code(error) == "store_unavailable" else default
 
 

@@ -49,6 +49,8 @@ from .results import (
     Progress,
     Target,
     checked_turn,
+    hook_hint,
+    hook_of,
     response_create,
     too_large_detail,
 )
@@ -102,7 +104,8 @@ _DEFAULT_LIMITS: Final = {
 @dataclass(frozen=True)
 class SizeProbe:
     """One size sent: whether it got through, else how it failed (``failure``: ``1009``,
-    ``dropped``, ``close``, ``413``, ``handshake``, ``message_too_large``, ``error``,
+    ``dropped``, ``close``, ``413``, ``handshake``, ``message_too_large``, ``hook`` (a hook of
+    the application raised on it), ``error``,
     ``no_answer``, ``protocol`` or ``answer_too_large``: the endpoint's answer was larger
     than ``max_message_bytes``) and in words (``detail``)."""
 
@@ -110,6 +113,9 @@ class SizeProbe:
     ok: bool
     failure: str = ""
     detail: str = ""
+    #: With ``failure`` ``hook``: the hook of the application that raised (its error's
+    #: ``param``: ``renderer``, ...).
+    hook: str = ""
 
 
 def padded_warm_up(size: int, options: CheckOptions) -> dict[str, Any]:
@@ -175,6 +181,9 @@ async def _probe_size(target: Target, options: CheckOptions, size: int) -> SizeP
         return SizeProbe(size, False, "protocol", str(exc))
     if result.completed:
         return SizeProbe(size, True)
+    hook = hook_of(result.error.get("error")) if result.error is not None else None
+    if hook is not None:
+        return SizeProbe(size, False, "hook", result.outcome(), hook=hook)
     too_large = result.error is not None and error_code(result.error) == "message_too_large"
     return SizeProbe(size, False, "message_too_large" if too_large else "error", result.outcome())
 
@@ -262,12 +271,7 @@ def check_largest_message(
         detail = (
             f"not even {failed.size} B ({format_bytes(failed.size)}) got through: {failed.detail}"
         )
-        return CheckResult.failed(
-            LARGEST_MESSAGE,
-            detail,
-            _PROBE_FAILURE_HINTS.get(failed.failure, SIZE_HINTS["too_large_other"]),
-            **data,
-        )
+        return CheckResult.failed(LARGEST_MESSAGE, detail, _probe_hint(failed), **data)
     ceiling = f"{format_bytes(passed)} ({passed} B)"
     if failed.failure == "message_too_large":
         detail = (
@@ -275,8 +279,15 @@ def check_largest_message(
             "(Limits.max_message_bytes) and the socket stays usable"
         )
         return CheckResult.ok(LARGEST_MESSAGE, detail, **data)
-    hint = _PROBE_FAILURE_HINTS.get(failed.failure, SIZE_HINTS["too_large_other"])
-    if passed in _DEFAULT_LIMITS:  # a server's default: name it
+    hint = _probe_hint(failed)
+    if passed in _DEFAULT_LIMITS and failed.failure != "hook":  # a server's default: name it
         hint = f"{format_bytes(passed)} is {_DEFAULT_LIMITS[passed]}; {hint}"
     detail = f"{ceiling} gets through; {failed.size} B: {failed.detail}"
     return CheckResult.failed(LARGEST_MESSAGE, detail, hint, **data)
+
+
+def _probe_hint(failed: SizeProbe) -> str:
+    """What to change for a size that failed as `failed` did."""
+    if failed.failure == "hook":
+        return hook_hint(failed.hook)
+    return _PROBE_FAILURE_HINTS.get(failed.failure, SIZE_HINTS["too_large_other"])
