@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from ws_mode import Usage
+
 from .http_client import describe_error
 from .measure import median
 
@@ -85,6 +87,8 @@ class RolloutResult:
         tool_calls: the tool calls the model asked for (and the client answered).
         response_ids: the id of each turn's response.
         outputs: each turn's output items, as its response object listed them.
+        usages: each turn's token counts, as its response object reported them (cleaned as
+            the middleware's metrics count them; None for a turn that reported none).
     """
 
     mode: Literal["http", "socket"]
@@ -95,6 +99,7 @@ class RolloutResult:
     tool_calls: int = 0
     response_ids: list[str] = field(default_factory=list)
     outputs: list[list[dict[str, Any]]] = field(default_factory=list)
+    usages: list[Usage | None] = field(default_factory=list)
 
     @property
     def turns(self) -> int:
@@ -105,6 +110,18 @@ class RolloutResult:
     def bytes_sent(self) -> int:
         """The bytes the client sent over the whole rollout."""
         return sum(self.turn_bytes)
+
+    def cache_share(self, *, continuations: bool) -> float | None:
+        """The share of the input tokens read from the server's prompt cache over the
+        rollout's continuations (every turn but the first) or, with ``continuations`` False,
+        its first turn (which has nothing to hit); None when those turns reported no input
+        tokens."""
+        usages = self.usages[1:] if continuations else self.usages[:1]
+        reported = [usage for usage in usages if usage is not None]
+        total = sum(usage.input_tokens for usage in reported)
+        if total <= 0:
+            return None
+        return min(1.0, sum(usage.cached_tokens for usage in reported) / total)
 
     def early_median(self, count: int = 3) -> float:
         """The median wall time of the first ``count`` turns, in seconds."""
@@ -192,6 +209,7 @@ class Agent:
         if not isinstance(output, list):
             raise RolloutError(f"turn {result.turns}: the response has no output list")
         result.outputs.append(output)
+        result.usages.append(Usage.of(response))
         calls = [item for item in output if item.get("type") == "function_call"]
         if not calls:
             texts = [

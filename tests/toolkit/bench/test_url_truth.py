@@ -24,7 +24,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from examples.fastapi_app import answer, create
-from ws_mode import WebSocketModeMiddleware
+from ws_mode import Usage, WebSocketModeMiddleware
 from ws_mode._settings import FullContext
 from ws_mode.testing._loopback import ServerThread
 from ws_mode.toolkit.agent import RolloutResult
@@ -194,6 +194,11 @@ def test_both_modes_at_two_paths_in_one_run_each_named_with_its_spread(
     assert "made no tool call" not in out
     assert data["mismatches"] == []
     assert data["notes"] == []
+    # The reference server reports usage, and no prompt cache: every share read, all 0.
+    assert "cached" in header.split()
+    for row in data["summaries"]:
+        assert (row["cached"], row["cached_first"]) == (0.0, 0.0)
+    assert all("0.00 (first 0.00)" in line for line in rows.values())
 
 
 def test_a_socket_whose_answer_names_no_mode_is_unknown() -> None:
@@ -256,3 +261,29 @@ def test_the_summary_shows_the_spread_and_warns_when_the_ranges_overlap() -> Non
     assert "no difference that these repetitions can tell from noise" in text
     assert "slower" not in text
     assert "900.0 ms-3.00 s" in text
+
+
+def test_the_prompt_cache_share_is_the_continuations_apart_from_the_first_turn() -> None:
+    def cached(*usages: Usage | None) -> RolloutResult:
+        return RolloutResult(mode="socket", turn_seconds=[0.1] * len(usages),
+                             turn_bytes=[1] * len(usages), total_seconds=0.1 * len(usages),
+                             tool_calls=2, usages=list(usages))  # fmt: skip
+
+    runs = [
+        cached(Usage(100, 0), Usage(200, 150), Usage(300, 250)),  # 400 of 500 read: 0.8
+        cached(Usage(100, 0), None, Usage(300, 270)),  # a turn that reported none: 0.9
+    ]
+    assert runs[0].cache_share(continuations=True) == pytest.approx(0.8)
+    assert runs[0].cache_share(continuations=False) == 0.0
+    row = summarize(SOCKET, runs, 3)
+    assert row.cached == pytest.approx(0.85)
+    assert row.cached_first == 0.0
+    silent = summarize(SOCKET, [cached(None, None)], 2)
+    assert (silent.cached, silent.cached_first) == (None, None)
+    report = UrlReport(
+        options=BenchOptions(url="http://h:1", model="m", turns=3, repeat=2),
+        base="http://h:1", link=None, summaries=[silent, row], seconds=1.0,
+    )  # fmt: skip
+    lines = format_url_report(report)
+    assert any("0.85 (first 0.00)" in line for line in lines)
+    assert "cached: the share of the continuations' input tokens" in words("\n".join(lines))

@@ -39,7 +39,7 @@ from ws_mode.redis_store import RedisStore
 from ws_mode.testing._client import AsyncSocket, SocketClosed, connect_async
 from ws_mode.testing._loopback import ServerThread, ws_max_size
 from ws_mode.toolkit.check import CheckOptions, Target, find_ceiling
-from ws_mode.toolkit.check.basic import describe_refusal
+from ws_mode.toolkit.check.basic import describe_refusal, prompt_cache
 from ws_mode.toolkit.check.results import HINTS
 from ws_mode.toolkit.cli import main
 from ws_mode.toolkit.cli.check import parse_size, target_of
@@ -270,6 +270,10 @@ def test_every_check_passes_against_ws_mode_serve(
     chain = checks["chained conversation"]["data"]["responses"]
     assert len(chain) == 2
     assert chain[0] != chain[1]
+    # The reference server reports usage, and keeps no prompt cache: 0 of each turn's input.
+    assert checks["chained conversation"]["data"]["prompt_cache"] == {
+        "continuation": 0.0, "first": 0.0}  # fmt: skip
+    assert "prompt cache: the continuation read 0.00 of its input tokens" in flat(out)
     probes = checks["largest message"]["data"]["probes"]
     assert [probe["size"] for probe in probes] == [64 * KiB, 128 * KiB, 256 * KiB]
     assert all(probe["ok"] for probe in probes)
@@ -593,3 +597,20 @@ def test_urls_and_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "expected a size" in capsys.readouterr().err
     assert main(["check", "http://h", "--header", "no colon", *FAST]) == 1
     assert "--header must be 'Name: value'" in capsys.readouterr().err
+
+
+def test_the_prompt_cache_share_is_read_from_the_turns_usage() -> None:
+    def usage(input_tokens: int, cached: int | None) -> dict[str, Any]:
+        details = {"cached_tokens": cached}
+        return {"usage": {"input_tokens": input_tokens, "input_tokens_details": details}}
+
+    said, data = prompt_cache(usage(40, 0), usage(100, 80)) or ("", {})
+    assert data == {"continuation": 0.8, "first": 0.0}
+    assert said == (
+        "prompt cache: the continuation read 0.80 of its input tokens from it (the first turn 0.00)"
+    )
+    assert prompt_cache(usage(40, 0), {"usage": None}) is None  # nothing reported: not said
+    assert prompt_cache({}, usage(100, None)) == (
+        "prompt cache: the continuation read 0.00 of its input tokens from it",
+        {"continuation": 0.0, "first": None},
+    )

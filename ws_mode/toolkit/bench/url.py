@@ -176,6 +176,11 @@ class UrlSummary:
     tool_calls: float
     path: str = DEFAULT_PATH
     full_context: str | None = None
+    #: The share of input tokens the server read from its prompt cache (its usage's
+    #: `cached_tokens / input_tokens`, medians over the repetitions): on the continuations, and
+    #: on the first turn, which has nothing to hit; None when the server reported none.
+    cached: float | None = None
+    cached_first: float | None = None
 
 
 @dataclass
@@ -217,7 +222,22 @@ def summarize(mode: UrlMode, results: Sequence[RolloutResult], turns: int) -> Ur
         tool_calls=median([result.tool_calls for result in results]),
         path=mode.path,
         full_context=mode.full_context if mode.transport == "socket" else None,
+        cached=_median_share([result.cache_share(continuations=True) for result in results]),
+        cached_first=_median_share([result.cache_share(continuations=False) for result in results]),
     )
+
+
+def _median_share(shares: Sequence[float | None]) -> float | None:
+    reported = [share for share in shares if share is not None]
+    return median(reported) if reported else None
+
+
+def _cached(row: UrlSummary) -> str:
+    """The prompt-cache column: the continuations' share, the first turn's after it."""
+    if row.cached is None:
+        return "-"
+    first = "-" if row.cached_first is None else f"{row.cached_first:.2f}"
+    return f"{row.cached:.2f} (first {first})"
 
 
 def cautions(summaries: Sequence[UrlSummary], repeat: int) -> list[str]:
@@ -423,7 +443,10 @@ def format_url_report(report: UrlReport) -> list[str]:
         "interleaved (order rotated): the median, and the least and most (range).",
         _mode_line(report),
         f"Early / late turn: median of turns {early.start + 1}-{early.stop} / "
-        f"{late.start + 1}-{late.stop} (send to terminal event). sent: bytes the client sent.",
+        f"{late.start + 1}-{late.stop} (send to terminal event). sent: bytes the client sent. "
+        "cached: the share of the continuations' input tokens the server read from its prompt "
+        "cache (its usage's cached_tokens / input_tokens), the first turn's after it; - when it "
+        "reported none.",
     ]
     if report.link is not None:
         lines.append(
@@ -440,11 +463,12 @@ def format_url_report(report: UrlReport) -> list[str]:
             format_bytes(row.bytes_sent),
             format_ratio(row.bytes_sent, http.bytes_sent, 3),
             f"{row.tool_calls:g}",
+            _cached(row),
         ]
         for row in report.summaries
     ]
     headers = ["mode", "end-to-end", "range", "/HTTP", "early turn", "late turn", "sent"]
-    lines += ["", *table([*headers, "/HTTP", "tool calls"], cells), ""]
+    lines += ["", *table([*headers, "/HTTP", "tool calls", "cached"], cells), ""]
     lines += [_verdict(http, row, options) for row in report.summaries[1:]]
     lines.append(
         "The saving grows with the history (turns, tool output sizes) and the client's distance."

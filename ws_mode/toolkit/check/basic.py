@@ -15,6 +15,7 @@ from typing import Any, Final
 import orjson
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from ws_mode import Usage
 from ws_mode._protocol import SERVER_IS_OVERLOADED, SERVER_SHUTTING_DOWN, TERMINAL_EVENTS
 from ws_mode.testing._client import SyncSocket, check_received
 from ws_mode.testing._expected import new_input
@@ -177,11 +178,30 @@ def check_chained_conversation(socket: SyncSocket, options: CheckOptions) -> Che
     require_finished("chained conversation", second, "the second turn")
     assert second.response is not None
     what = "tool outputs" if isinstance(answer, list) else "a user message"
+    cached = prompt_cache(first.response, second.response)
     return CheckResult.ok(
         "chained conversation",
-        f"{first_id} → {second.response['id']} ({what}; {len(second.output)} output item(s))",
+        f"{first_id} → {second.response['id']} ({what}; {len(second.output)} output item(s))"
+        + (f"; {cached[0]}" if cached is not None else ""),
         responses=[first_id, second.response["id"]],
+        **({"prompt_cache": cached[1]} if cached is not None else {}),
     )
+
+
+def prompt_cache(
+    first: dict[str, Any], continuation: dict[str, Any]
+) -> tuple[str, dict[str, float | None]] | None:
+    """What the two turns' usage says of the server's prompt cache: the share of each turn's
+    input tokens it read from the cache (`cached_tokens / input_tokens`), the continuation's
+    first, where a hit pays; None when the continuation reports no input tokens."""
+    ratio = (Usage.of(continuation) or Usage()).cache_ratio
+    if ratio is None:
+        return None
+    before = (Usage.of(first) or Usage()).cache_ratio
+    said = f"prompt cache: the continuation read {ratio:.2f} of its input tokens from it"
+    if before is not None:
+        said += f" (the first turn {before:.2f})"
+    return said, {"continuation": ratio, "first": before}
 
 
 def check_unknown_previous_response(socket: SyncSocket, options: CheckOptions) -> CheckResult:
