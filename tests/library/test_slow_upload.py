@@ -6,7 +6,7 @@ interval and timeout (20 + 20 s by default; three tries of one gateway's users o
 
 A raw client over a plain TCP socket (a library would answer the ping between frames or buffer
 the frame whole): the handshake, then one `response.create` of 1.5 MiB in one frame, written at
-about 600 KiB/s, against pings every 0.2 s with a 0.2 s timeout (the defaults scaled down),
+about 600 KiB/s, against pings every 0.2 s with a 1 s timeout (the defaults scaled down),
 then every frame read until the response's terminal event or a close."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ws_mode.toolkit.reference import create_app
 
 SIZE = 1536 * 1024
 CHUNK = 32 * 1024
-PAUSE = 0.05  # about 640 KiB/s: the upload takes 2.4 s, a dozen ping timeouts
-PINGS = {"ws_ping_interval": 0.2, "ws_ping_timeout": 0.2}
+PAUSE = 0.05  # about 640 KiB/s: the upload takes 2.4 s, twice uvicorn's interval and timeout
+PINGS = {"ws_ping_interval": 0.2, "ws_ping_timeout": 1.0}
 PROTOCOLS = {
     "ws_mode.server:BatchingWebSocketProtocol": "completed",
     "websockets-sansio": "closed 1011",  # uvicorn's own, what the fix is measured against
@@ -121,11 +121,12 @@ def test_a_slow_large_upload_outlives_the_servers_pings(protocol: str, outcome: 
             item = {"role": "user", "content": padding}
             body = json.dumps({"type": "response.create", "model": "m", "input": [item]}).encode()
             mask = os.urandom(4)
+            payload = masked(body, mask)  # before the clock starts: the loop only writes
             sock.sendall(masked_frame_header(0x1, len(body), mask))
             closed_early = False
-            for offset in range(0, len(body), CHUNK):
+            for offset in range(0, len(payload), CHUNK):
                 try:
-                    sock.sendall(masked(body[offset : offset + CHUNK], mask, offset))
+                    sock.sendall(payload[offset : offset + CHUNK])
                 except (BrokenPipeError, ConnectionResetError):
                     closed_early = True
                     break
