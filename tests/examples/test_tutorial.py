@@ -156,8 +156,9 @@ def http_answers(origin: str) -> list[str]:
 def test_step_1_answers_plain_http_and_serves_no_socket() -> None:
     with uvicorn(command("uvicorn", STEP1)) as origin:
         assert http_answers(origin) == PRINTED
-        with pytest.raises(InvalidStatus):
+        with pytest.raises(InvalidStatus) as refused:
             websocket(origin.replace("http", "ws") + "/v1/responses", open_timeout=20).close()
+        assert refused.value.response.status_code == 403  # docs/troubleshooting.md says so
 
 
 @pytest.mark.parametrize("step", [STEP2, STEP4])
