@@ -142,7 +142,7 @@ def client_prints(origin: str) -> list[str]:
 
 def http_answers(origin: str) -> list[str]:
     """The answers plain HTTP gives to the client's questions, the whole history sent each time."""
-    client = OpenAI(base_url=f"{origin}/v1", api_key="unused", max_retries=0, timeout=20)
+    client = OpenAI(base_url=f"{origin}/v1", api_key="unused", max_retries=0, timeout=60)
     history: list[Any] = []
     answers = []
     for question in QUESTIONS:
