@@ -179,7 +179,8 @@ def test_step_3_bench_url_measures_the_server_against_http(step: str, tmp_path: 
         status = main([*arguments, *quick, "--json", str(measurements)])
     assert status == 0
     http, socket = json.loads(measurements.read_text())["summaries"]
-    assert [http["label"], socket["label"]] == ["HTTP (full history)", "WebSocket mode"]
+    mode = "always" if step == STEP2 else "on_miss"  # as the handshake named it
+    assert [http["label"], socket["label"]] == ["HTTP (full history)", f"WebSocket mode ({mode})"]
     assert len(http["turn_curve"]) == len(socket["turn_curve"]) == 4
     assert socket["bytes_sent"] < http["bytes_sent"]
 

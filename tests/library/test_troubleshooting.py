@@ -140,7 +140,7 @@ def test_the_source_scan_finds_the_codes_it_must() -> None:
         "invalid_api_key",  # a status-to-code mapping
         "interrupt_not_supported",  # an assignment to code
         "not_steerable",  # a key of STEER_MESSAGES only
-        "memory_budget_exceeded",  # a module constant
+        "server_is_overloaded",  # a module constant
         "upstream_timeout",  # the proxy
         "websocket_idle_timeout",  # a connection's end
     } <= errors
