@@ -92,10 +92,7 @@ def interrupted(
     answer: dict[str, Any] | None = None
     events = list(seen)
     while True:
-        event = probe.read_until(socket, lambda event: True)
-        if event["type"] in STEER_EVENTS:
-            steers.append(event)
-            continue
+        event = _past_steering(probe, socket, steers)
         if event["type"] in ANSWERS or event["type"] == "error":
             if answer is None:
                 _answer_problem(event)
@@ -114,19 +111,24 @@ def interrupted(
     return probe.checked(request, events), open_item, steers
 
 
+def _past_steering(
+    probe: Probe, socket: SyncSocket, steers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The next event that is no steering event (those read on the way go to ``steers``)."""
+    event = probe.read_until(socket, lambda event: event["type"] not in STEER_EVENTS, steers)
+    steers.pop()  # read_until keeps the event it stops at too
+    return event
+
+
 def _answer_after_the_end(
     probe: Probe, socket: SyncSocket, last: Mapping[str, Any], steers: list[dict[str, Any]]
 ) -> None:
     """The response ended before the interrupt was answered: read its answer, which must come
     (steering events on the way go to ``steers``). ``response_already_completed`` means the
     endpoint finished first, which skips the case; any other answer fails it."""
-    while True:
-        event = probe.read_until(socket, lambda event: True)
-        if event["type"] in STEER_EVENTS:
-            steers.append(event)
-            continue
-        if event["type"] in ANSWERS or event["type"] == "error":
-            break
+    event = _past_steering(probe, socket, steers)
+    while event["type"] not in ANSWERS and event["type"] != "error":
+        event = _past_steering(probe, socket, steers)
     _answer_problem(event)
     if failed_code(event) == "response_already_completed":
         raise CaseSkipped(TOO_FAST)
