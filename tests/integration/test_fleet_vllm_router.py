@@ -2,7 +2,7 @@
 front of vLLM's router (`vllm-router --policy consistent_hash`, which hashes `x-session-id`
 when a request has one and the whole request otherwise) in front of four simulated replicas,
 each with a real block-hash prefix cache reporting honest `cached_tokens`
-(`tests/fleet_replicas.py`).
+(`ws_mode/toolkit/fleet.py`).
 
 A few conversations of several turns over real sockets (the kit's `websockets` client), the
 same script three times: through one replica alone (the ideal: every continuation finds its
@@ -26,11 +26,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fleet_replicas import MODEL, Replica, replica_app
 from tests.servers import free_port, serve, stop
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.proxy import create_proxy
 from ws_mode.testing._client import connect
+from ws_mode.toolkit.fleet import MODEL, Replica, replica_app
 
 ROUTER = shutil.which("vllm-router")
 REPLICAS = 4
