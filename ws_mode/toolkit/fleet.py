@@ -20,18 +20,29 @@ routers ask of a worker (``GET /health``, ``/health_generate``, ``/v1/models``,
 ``python -m ws_mode.toolkit.fleet --name NAME --fd N`` serves one in a child process of
 :func:`~ws_mode.testing._loopback.server_process` (the lab's fleet benchmark), with
 ``GET /fleet/served`` answering what it served.
+
+:func:`router` runs a real router in front of replicas, each routing by a request header when it
+has one: vLLM's (``vllm-router --policy consistent_hash``, the header ``x-session-id``; without it
+the whole request is hashed) and SGLang's (``smg launch --policy manual``, the header
+``x-smg-routing-key``; without it a worker at random). Both install from PyPI
+(``vllm-router``, ``sglang-router``); :func:`router_binary` finds them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -40,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ws_mode.testing._loopback import add_child_arguments, serve_inherited
+from ws_mode.testing._loopback import HOST, add_child_arguments, serve_inherited
 
 #: Tokens per cached block (vLLM's default block size).
 BLOCK_TOKENS: Final = 16
@@ -209,6 +220,85 @@ def replica_app(replica: Replica) -> Starlette:
             Route("/fleet/served", served),
         ]
     )
+
+
+#: The routers :func:`router` runs: their executables (the first found) and the header each
+#: routes by.
+ROUTERS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "vllm-router": (("vllm-router",), "x-session-id"),
+    "sglang-router": (("smg", "sglang-router"), "x-smg-routing-key"),
+}
+#: How long a router may take to answer ``GET /health``.
+ROUTER_START_SECONDS: Final = 60.0
+
+
+def router_binary(kind: str) -> str | None:
+    """The path of ``kind``'s executable (a key of :data:`ROUTERS`), None if not installed."""
+    return next(filter(None, map(shutil.which, ROUTERS[kind][0])), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def router_command(kind: str, worker_urls: Sequence[str], port: int) -> list[str]:
+    """The command line of ``kind`` routing by its header in front of ``worker_urls``, on
+    loopback ``port``; its metrics on a port of their own (both default to a fixed one, which
+    a second router running at once would find taken)."""
+    binary = router_binary(kind)
+    if binary is None:
+        raise FileNotFoundError(f"{kind} is not installed (pip install {kind})")
+    metrics = ["--prometheus-host", HOST, "--prometheus-port", str(_free_port())]
+    where = ["--host", HOST, "--port", str(port)]
+    if kind == "vllm-router":
+        policy = ["--policy", "consistent_hash", "--log-level", "warning"]
+        return [binary, "--worker-urls", *worker_urls, *policy, *where, *metrics]
+    policy = ["--policy", "manual", "--log-level", "error"]
+    return [binary, "launch", "--worker-urls", *worker_urls, *policy, *where, *metrics]
+
+
+@contextlib.contextmanager
+def router(kind: str, worker_urls: Sequence[str], *options: str) -> Iterator[str]:
+    """Run ``kind`` (a key of :data:`ROUTERS`) in front of ``worker_urls``, with ``options``
+    added to its command line; yield its base URL once it answers ``GET /health``. It is
+    terminated (killed if it lingers) when the block exits."""
+    port = _free_port()
+    command = [*router_command(kind, worker_urls, port), *options]
+    base = f"http://{HOST}:{port}"
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
+        )
+        try:
+            _wait_healthy(base, process, log)
+            yield base
+        finally:
+            if process.poll() is None:
+                process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def _wait_healthy(base: str, process: subprocess.Popen[bytes], log: Any) -> None:
+    import httpx
+
+    deadline = time.monotonic() + ROUTER_START_SECONDS
+    while True:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the router exited: {log.read()[-2000:]!r}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the router did not answer {base}/health")
+        time.sleep(0.05)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
