@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -55,6 +56,15 @@ def test_time_to_first_token_follows_the_uncached_tokens() -> None:
     assert cold > 4 * warm, (cold, warm)
     assert replica.served[0][1] == 0
     assert replica.served[1][1] == cached
+
+
+def test_prefills_queue_on_a_replica() -> None:
+    """Two cold prompts at once: the second's prefill waits for the first's."""
+    replica = Replica("r", prefill_seconds_per_token=0.004)
+    with serve(replica_app(replica)) as base, ThreadPoolExecutor(2) as pool:
+        bodies = [{"model": MODEL, "instructions": f"{n} {INSTRUCTIONS}"} for n in range(2)]
+        waits = sorted(ttft for ttft, _ in pool.map(lambda body: first_delta(base, body), bodies))
+    assert waits[1] > 1.6 * waits[0], waits
 
 
 def test_the_cache_names_blocks_by_their_whole_prefix() -> None:

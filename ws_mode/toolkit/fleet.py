@@ -12,7 +12,10 @@ cached (least recently used out past ``max_blocks``). The usage it reports is ho
 
 Prefill is modelled: before its first output (the first ``response.output_text.delta`` of a
 stream, the body of a JSON answer) a replica waits ``prefill_seconds_per_token`` for each
-uncached token, so time to first token shows what the cache saved. It also answers what the
+uncached token, so time to first token shows what the cache saved. A replica prefills at that
+rate in all, as a GPU's compute is shared by the requests it batches: prefills queue, one after
+another (first come, first served), so prefill work one request could have skipped delays the
+others too. It also answers what the
 routers ask of a worker (``GET /health``, ``/health_generate``, ``/v1/models``,
 ``/get_server_info``, ``/get_model_info``).
 
@@ -99,6 +102,14 @@ class Replica:
     blocks: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     #: Each request served: its input tokens and how many of them were cached.
     served: list[tuple[int, int]] = field(default_factory=list)
+    #: Held while a request's prefill runs: one at a time.
+    prefilling: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def prefill(self, seconds: float) -> None:
+        """Wait ``seconds`` of prefill, after the prefills queued before it."""
+        if seconds > 0:
+            async with self.prefilling:
+                await asyncio.sleep(seconds)
 
     def cached_prefix(self, tokens: list[str]) -> int:
         """How many leading tokens of ``tokens`` the cache holds (whole blocks)."""
@@ -161,7 +172,9 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-async def _events(response: dict[str, Any], prefill: float) -> AsyncIterator[bytes]:
+async def _events(
+    replica: Replica, response: dict[str, Any], prefill: float
+) -> AsyncIterator[bytes]:
     """The response's stream: created, the prefill wait, then its message's events."""
     message = response["output"][0]
     part = message["content"][0]
@@ -169,8 +182,7 @@ async def _events(response: dict[str, Any], prefill: float) -> AsyncIterator[byt
     in_part = {**item, "content_index": 0}
     started = {**response, "status": "in_progress", "output": []}
     yield _sse({"type": "response.created", "response": started, "sequence_number": 0})
-    if prefill > 0:
-        await asyncio.sleep(prefill)
+    await replica.prefill(prefill)
     events: list[dict[str, Any]] = [
         {"type": "response.output_item.added", **item, "item": {**message, "content": []}},
         {"type": "response.content_part.added", **in_part, "part": {**part, "text": ""}},
@@ -191,9 +203,9 @@ def replica_app(replica: Replica) -> Starlette:
         body = await request.json()
         response, prefill = replica.answer(body)
         if body.get("stream"):
-            return StreamingResponse(_events(response, prefill), media_type="text/event-stream")
-        if prefill > 0:
-            await asyncio.sleep(prefill)
+            stream = _events(replica, response, prefill)
+            return StreamingResponse(stream, media_type="text/event-stream")
+        await replica.prefill(prefill)
         return JSONResponse(response)
 
     async def health(request: Request) -> Response:
