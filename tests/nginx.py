@@ -44,9 +44,12 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def documented_block(heading: str = "## Reverse proxies", language: str = "nginx") -> str:
-    """The first ``language`` code block under ``heading`` in docs/deployment.md."""
-    text = DEPLOYMENT.read_text()
+def documented_block(
+    heading: str = "## Reverse proxies", language: str = "nginx", *, document: Path = DEPLOYMENT
+) -> str:
+    """The first ``language`` code block under ``heading`` in ``document`` (docs/deployment.md
+    unless told)."""
+    text = document.read_text()
     section = text[text.index(heading + "\n") :]
     found = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
     assert found, f"no {language} block under {heading}"
@@ -68,10 +71,15 @@ def with_upstream(block: str, upstream: str, ports: Sequence[int]) -> str:
 
 def nginx_config(block: str, *, upstream: str | None, port: int, prefix: Path) -> str:
     """A whole nginx.conf around the documented ``block``: its upstream at ``upstream``
-    (``host:port``; None: as the block has it), its ``listen`` on 127.0.0.1:``port`` without
-    TLS, one process in the foreground, every file under ``prefix``."""
+    (``host:port``; None: as the block has it), its ``listen`` (``443 ssl``, or ``8080`` for a
+    block without TLS) on 127.0.0.1:``port`` without TLS, one process in the foreground, every
+    file under ``prefix``."""
     upstream_line = "    server 127.0.0.1:8000;"
     listen_line = "    listen 443 ssl;"
+    # A block behind TLS (the client's side) or in front of replicas (plain HTTP, port 8080).
+    tls = listen_line in block
+    if not tls:
+        listen_line = "    listen 8080;"
     assert listen_line in block, "the documented block changed"
     if upstream is not None:
         assert upstream_line in block, "the documented block changed"
@@ -80,7 +88,7 @@ def nginx_config(block: str, *, upstream: str | None, port: int, prefix: Path) -
     # The certificate lines the reader fills in: no TLS here.
     certificates = re.compile(r"^    ssl_certificate(_key)? .*# FILL IN.*\n", re.MULTILINE)
     block, count = certificates.subn("", block)
-    assert count == 2, "the documented block changed"
+    assert count == (2 if tls else 0), "the documented block changed"
     temp = "\n".join(
         f"    {kind}_temp_path {prefix / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")

@@ -3,7 +3,8 @@ two proxy processes given the same secret give a conversation seeded by the same
 `prompt_cache_key` the same key upstream (as a fleet needs), one given another secret another.
 
 Real `ws-mode proxy` processes, a real upstream on loopback (uvicorn) recording each request's
-`x-session-id`, the kit's `websockets` client."""
+`x-session-id`, the kit's `websockets` client. The headers the key goes in are the proxy's
+flags: `--conversation-key-header NAME` (repeatable), `--no-conversation-key`."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from ws_mode._conversation import SECRET_ENV
 from ws_mode.testing._client import connect
 
 SESSIONS: list[str] = []
+#: Each request's headers.
+HEADERS: list[dict[bytes, bytes]] = []
 
 
 async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     await read_body(receive)
-    SESSIONS.append(dict(scope["headers"]).get(b"x-session-id", b"").decode())
+    HEADERS.append(dict(scope["headers"]))
+    SESSIONS.append(HEADERS[-1].get(b"x-session-id", b"").decode())
     response = {
         "id": "resp_" + secrets.token_hex(8),
         "object": "response",
@@ -65,3 +69,35 @@ def test_proxies_sharing_the_secret_give_a_conversation_one_key(
     assert len(first) == 32
     assert first == second
     assert other != first
+
+
+def upstream_headers(upstream_url: str, *flags: str) -> dict[bytes, bytes]:
+    """The headers of the request a `ws-mode proxy` process started with `flags` sends
+    upstream for a socket's turn whose client sent `x-session-id: mine`."""
+    command = ("--upstream", upstream_url + "/v1", *flags)
+    with (
+        ws_mode_proxy(*command) as proxy,
+        connect(proxy.origin, headers={"x-session-id": "mine"}) as ws,
+    ):
+        ws.send({"type": "response.create", "model": "up"})
+        assert ws.receive_turn(timeout=30)[-1]["type"] == "response.completed"
+    return HEADERS[-1]
+
+
+def test_the_key_goes_in_the_headers_the_flags_name(upstream_url: str) -> None:
+    named = upstream_headers(
+        upstream_url,
+        "--conversation-key-header", "x-session-id",
+        "--conversation-key-header", "x-smg-routing-key",
+    )  # fmt: skip
+    key = named[b"x-session-id"]
+    assert len(key) == 32
+    assert key != b"mine"
+    assert named[b"x-smg-routing-key"] == key
+    default = upstream_headers(upstream_url)
+    assert len(default[b"x-session-id"]) == 32
+    assert b"x-smg-routing-key" not in default
+    # Off: no key; the client's own header passes as any other.
+    off = upstream_headers(upstream_url, "--no-conversation-key")
+    assert off[b"x-session-id"] == b"mine"
+    assert b"x-smg-routing-key" not in off

@@ -99,8 +99,36 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "openai-*, x-codex-*, x-models-etag and x-reasoning-included headers go on the "
         "handshake's answer)",
     )
+    proxy.add_argument(
+        "--conversation-key-header",
+        metavar="NAME",
+        action="append",
+        dest="conversation_key_headers",
+        help="a request header every request sent upstream carries the conversation key in, "
+        "for a router to keep a conversation on one replica (repeatable; default: "
+        "x-session-id; docs/fleet.md)",
+    )
+    proxy.add_argument(
+        "--no-conversation-key",
+        dest="conversation_key",
+        action="store_false",
+        help="send the upstream no conversation key header (a client's header of that name "
+        "then passes as any other)",
+    )
     add_metrics_argument(proxy)
     proxy.set_defaults(run=_proxy, requirements=PROXY_REQUIREMENTS)
+
+
+def _key_headers(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The headers the conversation key goes in: ``--conversation-key-header``'s, the
+    default's, or none with ``--no-conversation-key``."""
+    if not args.conversation_key:
+        if args.conversation_key_headers:
+            raise CommandError("--no-conversation-key and --conversation-key-header conflict")
+        return None
+    if args.conversation_key_headers:
+        return tuple(args.conversation_key_headers)
+    return ("x-session-id",)
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -133,6 +161,7 @@ def _proxy(args: argparse.Namespace) -> int:
         start_degraded=args.start_degraded,
         handshake_headers=upstream.handshake_headers if args.upstream_handshake else None,
         conversation_key_secret=os.environ.get(SECRET_ENV) or None,
+        conversation_key_headers=_key_headers(args),
         **scoping,
     )
     auth = "the configured key" if api_key else "the client's Authorization"

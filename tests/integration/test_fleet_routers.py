@@ -1,83 +1,89 @@
-"""A smoke test through a real router: `ws-mode proxy` (`create_proxy` under the middleware) in
-front of vLLM's router (`vllm-router --policy consistent_hash`, which hashes `x-session-id`
-when a request has one and the whole request otherwise) in front of four simulated replicas,
-each with a real block-hash prefix cache reporting honest `cached_tokens`
-(`tests/fleet_replicas.py`).
+"""Smoke tests through real routers: `ws-mode proxy` (`create_proxy` under the middleware) in
+front of a router in front of four simulated replicas, each with a real block-hash prefix cache
+reporting honest `cached_tokens` (`ws_mode/toolkit/fleet.py`). The routers, each as
+docs/fleet.md configures it:
+
+- vLLM's (`vllm-router --policy consistent_hash`), which hashes `x-session-id` when a request has
+  one and the whole request otherwise;
+- SGLang's (`smg launch --policy manual`), which routes by `x-smg-routing-key` when a request has
+  one and to a worker at random otherwise: the proxy puts the key in both headers
+  (`conversation_key_headers=("x-session-id", "x-smg-routing-key")`);
+- nginx (`hash` on `x-session-id`, consistent; a request without it spread at random), the
+  configuration docs/fleet.md gives, read from the page.
 
 A few conversations of several turns over real sockets (the kit's `websockets` client), the
 same script three times: through one replica alone (the ideal: every continuation finds its
 context on the replica that served the turn before), through the router with the conversation
 key, and through the router with the key off. The share of the continuations' prompt tokens
-found cached, as the usage the clients received reports it, is compared as ratios. Skipped
-only where the `vllm-router` binary cannot be found (the `test` extra installs it).
+found cached, as the usage the clients received reports it, is compared as ratios. A router's
+test is skipped only where its binary cannot be found (the `test` extra installs both routers;
+nginx is an OS package, see tests/nginx.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fleet_replicas import MODEL, Replica, replica_app
-from tests.servers import free_port, serve, stop
+from tests.nginx import NGINX, documented_block, nginx
+from tests.servers import serve
 from ws_mode import WebSocketModeMiddleware
 from ws_mode.proxy import create_proxy
 from ws_mode.testing._client import connect
+from ws_mode.toolkit.fleet import MODEL, ROUTERS, Replica, replica_app, router, router_binary
 
-ROUTER = shutil.which("vllm-router")
 REPLICAS = 4
 CONVERSATIONS = 6
 TURNS = 6
+FLEET = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"
+#: What each router is installed as, and the headers the proxy puts the key in for it.
+KEY_HEADERS = {
+    "vllm-router": ("x-session-id",),
+    "sglang-router": ("x-session-id", "x-smg-routing-key"),
+    "nginx": ("x-session-id",),
+}
 
-pytestmark = pytest.mark.skipif(ROUTER is None, reason="vllm-router is not installed")
+
+def installed(kind: str) -> bool:
+    return NGINX is not None if kind == "nginx" else router_binary(kind) is not None
 
 
 @contextlib.contextmanager
-def vllm_router(worker_urls: list[str], *options: str) -> Iterator[str]:
-    """vllm-router with the consistent_hash policy in front of `worker_urls` (and `options`);
-    its base URL once it answers `/health`."""
-    assert ROUTER is not None
-    port = free_port()
-    command = [ROUTER, "--worker-urls", *worker_urls, "--policy", "consistent_hash"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    # Its metrics listen on a fixed port by default (29000): another router running at once
-    # (another test process) would make it exit.
-    command += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    command += options
-    base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:
-        router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if router.poll() is not None:
-                    log.seek(0)
-                    raise AssertionError(f"vllm-router exited: {log.read()[-2000:]!r}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(base + "/health", timeout=1).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "vllm-router did not start"
-                time.sleep(0.05)
+def in_front(kind: str, urls: list[str]) -> Iterator[str]:
+    """`kind` (a router of `ROUTERS`, or nginx as docs/fleet.md configures it) in front of
+    `urls`; its base URL."""
+    if kind in ROUTERS:
+        with router(kind, urls) as base:
             yield base
-        finally:
-            stop(router)
+        return
+    block = documented_block("## A tested configuration: nginx", document=FLEET)
+    for number, url in enumerate(urls):
+        documented = f"server 127.0.0.1:{8000 + number};"
+        assert documented in block, "the documented block changed"
+        block = block.replace(documented, f"server {url.removeprefix('http://')};")
+    assert not re.search(r"server 127\.0\.0\.1:800\d;", block), "more replicas documented"
+    with nginx(None, block) as base:
+        yield base
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[list[Replica], list[str], str]]:
-    """Four replicas on loopback (uvicorn threads), their URLs and the router's."""
+@pytest.fixture(scope="module", params=list(KEY_HEADERS))
+def fleet(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[Replica], list[str], str]]:
+    """Four replicas on loopback (uvicorn threads), their URLs and the router's in front."""
+    kind: str = request.param
+    if not installed(kind):
+        pytest.skip(f"{kind} is not installed")
     replicas = [Replica(f"replica-{n}") for n in range(REPLICAS)]
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(serve(replica_app(replica))) for replica in replicas]
-        yield replicas, urls, stack.enter_context(vllm_router(urls))
+        yield kind, replicas, urls, stack.enter_context(in_front(kind, urls))
 
 
 def words(count: int) -> str:
@@ -111,15 +117,19 @@ def through_proxy(upstream: str, **options: Any) -> tuple[float, WebSocketModeMi
 
 
 def test_the_conversation_key_keeps_continuations_on_the_replica_holding_their_prefix(
-    fleet: tuple[list[Replica], list[str], str],
+    fleet: tuple[str, list[Replica], list[str], str],
 ) -> None:
-    replicas, urls, router = fleet
+    kind, replicas, urls, front = fleet
+    headers = KEY_HEADERS[kind]
     ideal, _ = through_proxy(urls[0])  # one replica serves them all
-    keyed, middleware = through_proxy(router)
-    unkeyed, _ = through_proxy(router, conversation_key_headers=None)
+    for replica in replicas:
+        replica.served.clear()
+    keyed, middleware = through_proxy(front, conversation_key_headers=headers)
+    unkeyed, _ = through_proxy(front, conversation_key_headers=None)
     # With the key, every continuation reaches the replica holding its conversation: the
     # one-replica ideal. Without it the router hashes the whole request, which changes every
-    # turn: continuations land anywhere, most on a replica that holds none of their prefix.
+    # turn, or picks a replica at random: continuations land anywhere, most on a replica that
+    # holds none of their prefix.
     assert ideal > 0.5
     assert keyed >= 0.95 * ideal, (ideal, keyed, unkeyed)
     assert unkeyed < 0.8 * ideal, (ideal, keyed, unkeyed)
@@ -132,6 +142,7 @@ def test_the_conversation_key_keeps_continuations_on_the_replica_holding_their_p
     assert ratios["first"]["buckets"]["0.0"] == CONVERSATIONS  # a first turn cannot hit
 
 
+@pytest.mark.skipif(not installed("vllm-router"), reason="vllm-router is not installed")
 def test_a_replica_that_dies_costs_its_conversations_one_prefill_once_the_router_drops_it() -> None:
     """A replica stops mid-run; once the router's health check has dropped it (checked every
     second here), the keys it served move with the ring to the others: each conversation it
@@ -141,9 +152,9 @@ def test_a_replica_that_dies_costs_its_conversations_one_prefill_once_the_router
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(server) for server in servers]
         health = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1")
-        router = stack.enter_context(vllm_router(urls, *health))
+        front = stack.enter_context(router("vllm-router", urls, *health))
         proxy = stack.enter_context(
-            serve(WebSocketModeMiddleware(create_proxy(router + "/v1")), lifespan="on")
+            serve(WebSocketModeMiddleware(create_proxy(front + "/v1")), lifespan="on")
         )
         sockets = [stack.enter_context(connect(proxy)) for _ in range(CONVERSATIONS)]
         chats = [Chat(socket) for socket in sockets]
@@ -157,7 +168,7 @@ def test_a_replica_that_dies_costs_its_conversations_one_prefill_once_the_router
         assert held
         servers[victim].__exit__(None, None, None)
         deadline = time.monotonic() + 30
-        while healthy(router, urls[victim]):
+        while healthy(front, urls[victim]):
             assert time.monotonic() < deadline, "the router never dropped the dead replica"
             time.sleep(0.1)
         after = [[cached_share([chat.turn()]) for chat in chats] for _ in range(2)]
