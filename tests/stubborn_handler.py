@@ -15,7 +15,10 @@ import json
 import logging
 import os
 import sys
+import threading
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from ws_mode import Limits, WebSocketModeMiddleware
 from ws_mode._asgi import Receive, Scope, Send
@@ -27,15 +30,32 @@ class Stubborn:
 
     - `stubborn`: `response.created`, then it waits for its model for ever, swallowing every
       cancellation (and trying to send after each), until the test sets `free`;
+    - `threaded`: `response.created`, then a blocking call in a thread through asgiref's
+      `sync_to_async` (as Django runs a synchronous view), until the test sets `unblock`;
     - `quick`: created and completed at once.
 
-    `cancels` counts the cancellations it swallowed, `running` the calls still in it."""
+    `cancels` counts the cancellations it swallowed, `running` the calls still in it, `blocked`
+    the threads still blocked."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.cancels = 0
         self.running = 0
         self.free = False
+        self.unblock = threading.Event()
+        self.blocked = 0
+
+    def _block(self) -> None:
+        self.blocked += 1
+        try:
+            self.unblock.wait(60.0)
+        finally:
+            self.blocked -= 1
+
+    def release(self) -> None:
+        """Let every call still running end."""
+        self.free = True
+        self.unblock.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -76,6 +96,12 @@ class Stubborn:
                         self.cancels += 1
                         with contextlib.suppress(BaseException):
                             await emit({"type": "response.in_progress", "response": response})
+            finally:
+                self.running -= 1
+        elif model == "threaded":
+            self.running += 1
+            try:
+                await sync_to_async(self._block)()
             finally:
                 self.running -= 1
         done = {**response, "status": "completed"}
