@@ -9,13 +9,18 @@ error body, and its rate-limit and retry headers (`error.headers`, `ws_mode._hea
 An answer read whole is held in the memory budget (`Limits.max_memory_bytes`) from its first
 byte until its events are sent or dropped (`answer_cost`); one the budget cannot hold fails the
 turn with `server_is_overloaded`.
+
+The call runs in a task of its own on a leash (`Leash`): ws_mode stops it by cancelling it,
+and a handler that ignores the cancellation is abandoned (`HandlerCall.abandon`): what it still
+sends goes nowhere, and the next cancellation (the event loop's own, as the server exits) ends
+its task at once instead of reaching a handler that would swallow it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -119,6 +124,61 @@ def http_scope(
     return scope
 
 
+#: The coroutines of abandoned handlers whose task the event loop ended (it cancels every task
+#: as it closes): kept, never closed nor finalized, for a handler that ignores its cancellation
+#: ignores `GeneratorExit` too, which Python would report ("coroutine ignored GeneratorExit").
+#: The process is ending; its end frees them.
+_LEFT_BEHIND: list[Coroutine[Any, Any, Any]] = []
+
+
+class Leash(Coroutine[Any, Any, None]):
+    """A handler call's coroutine as its task runs it: every step is the call's own until it is
+    cut (`cut`); from then on, the next cancellation its task meets ends the task at once,
+    without reaching the call, which is left behind (`_LEFT_BEHIND`). Python cannot kill a coroutine
+    that swallows `CancelledError`; this is how its task still ends (an event loop that closes
+    cancels its tasks and waits for them: it would wait for ever)."""
+
+    __slots__ = ("_coro", "cut_off")
+
+    def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._coro = coro
+        #: Abandoned: the next cancellation ends the task.
+        self.cut_off = False
+
+    def cut(self) -> None:
+        """Abandon the call: the next cancellation of its task ends the task."""
+        self.cut_off = True
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def __next__(self) -> Any:
+        return self._coro.send(None)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        error = typ if val is None and isinstance(typ, BaseException) else val
+        if self.cut_off and isinstance(error, asyncio.CancelledError):
+            _LEFT_BEHIND.append(self._coro)
+            raise error
+        return self._coro.throw(error if error is not None else typ)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self
+
+    def __iter__(self) -> Leash:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """The call's coroutine as asyncio and debuggers read it (`cr_code`, `cr_frame`,
+        `__qualname__`: a task's repr, `get_stack()`, tools that find tasks by their code)."""
+        if name.startswith("cr_") or name in ("__qualname__", "__name__"):
+            return getattr(self._coro, name)
+        raise AttributeError(name)
+
+
 class HandlerCall:
     """One call of the wrapped app; a fresh object per turn, like Starlette's responders."""
 
@@ -159,6 +219,32 @@ class HandlerCall:
         #: The handler handed an event before it started its answer: that stood for a
         #: `200 text/event-stream` start, and the start it sends later changes nothing.
         self._start_implied = False
+        #: ws_mode stopped the call (the turn is over for the client): what it still sends or
+        #: hands goes nowhere, and its failure is no turn's.
+        self.stopped = False
+        #: ws_mode stopped waiting for it (`abandon`).
+        self.abandoned = False
+        self._leash: Leash | None = None
+        self._release: Callable[[], None] | None = None
+
+    def start(self, release: Callable[[], None] | None = None) -> asyncio.Task[None]:
+        """Run the call in a task of its own, on its leash. `release` lets go of what the call
+        holds (its request in the memory budget): called once, when the task ends or when the
+        call is abandoned, whichever is first."""
+        self._release = release
+        self._leash = leash = Leash(self.run())
+        task: asyncio.Task[None] = asyncio.create_task(leash)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.let_go()
+
+    def let_go(self) -> None:
+        """Let go of what the call holds, once."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     async def run(self) -> None:
         """Call the app and hand its answer to the sink. Cancel the task to abandon it."""
@@ -169,6 +255,10 @@ class HandlerCall:
             try:
                 await self.app(self.scope, self.receive, self.send)
             except Exception as exc:
+                if self.stopped:
+                    # Stopped by ws_mode (the turn is over): how it ended is nobody's business.
+                    logger.debug("a stopped handler call raised", exc_info=True)
+                    return
                 if self._client_gone:
                     # The app saw the client leave through our send() and gave up; not a fault.
                     raise ClientGone("the WebSocket client went away") from exc
@@ -190,18 +280,39 @@ class HandlerCall:
             self._drop_answer()  # sent, dropped, or the call cancelled
 
     async def stop(self, task: asyncio.Task[None]) -> None:
-        """Stop the call running in `task` (the response was cut short, for steering or an
-        interrupt): the app's `receive()` reports `http.disconnect`, a listener waiting on it
-        hears it first, then the task is cancelled (through `ws_mode.proxy` that closes the
-        upstream request). Returns once the task has ended."""
+        """Stop the call running in `task` (the turn is over: the response was cut short, for
+        steering or an interrupt, or timed out): the app's `receive()` reports
+        `http.disconnect`, a listener waiting on it hears it first, then the task is cancelled
+        (through `ws_mode.proxy` that closes the upstream request) and given one pass of the
+        loop to end. It does not wait longer: a handler that ignores the cancellation is its
+        caller's to abandon (`ws_mode._after_response.AfterResponses.stopping`)."""
         if task.done():
             return
         self._disconnected.set()
         try:
             await asyncio.sleep(0)  # one pass of the loop: a disconnect listener wakes first
         finally:
+            self.stop_now(task)
+        await asyncio.sleep(0)  # one pass: a handler that honours the cancellation ends
+
+    def stop_now(self, task: asyncio.Task[None]) -> None:
+        """`stop` without a pass of the loop (for a caller being cancelled itself): the
+        disconnect and the cancellation at once; what the call still sends goes nowhere."""
+        self.stopped = True
+        self._disconnected.set()
+        if not task.done():
             task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+
+    def abandon(self) -> None:
+        """Stop waiting for a call that ignored its cancellation: what it sends goes nowhere,
+        what it holds is let go, and the next cancellation of its task (the event loop's, as
+        the server exits) ends the task at once (`Leash`)."""
+        self.stopped = self.abandoned = True
+        self._disconnected.set()
+        if self._leash is not None:
+            self._leash.cut()
+        self.let_go()
+        self._drop_answer()  # what it read of its answer: its task may never end
 
     async def receive(self) -> Message:
         if not self._body_sent:
@@ -213,6 +324,8 @@ class HandlerCall:
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
+        if self.stopped:
+            return  # the turn is over: nothing reaches the client any more
         kind = message["type"]
         if kind == "http.response.body":
             if self._complete:
@@ -274,7 +387,7 @@ class HandlerCall:
     async def hand_event(self, event: dict[str, Any] | bytes) -> None:
         """An event the handler handed as an object or encoded JSON (`Turn.send_event`),
         forwarded in order with its answer's SSE: no SSE text, and an object is encoded once."""
-        if self._complete:
+        if self._complete or self.stopped:
             return
         if self.status is None:
             self.status = 200
@@ -317,7 +430,7 @@ class HandlerCall:
         self._held = 0
 
     async def _finish(self) -> None:
-        if self.sink.finished:
+        if self.sink.finished or self.stopped:
             return
         if self._refused:
             await self.sink.refuse("the handler's answer to this request")

@@ -46,6 +46,12 @@ class Limits:
     for the writes under way).
     `after_response_grace_seconds` is how long post-response work (`on_response`, a handler
     still running after its terminal event) may run on once its connection closed;
+    `abandon_handler_seconds` is how long a handler call ws_mode cancelled (an interrupt,
+    steering, `max_turn_seconds`, the client leaving, a drain, the grace above run out) may
+    take to end: the client has its terminal event and the lane goes on at once, and a call
+    still running past it is abandoned (ws_mode stops waiting for it, lets go of what it held,
+    drops what it still sends; counted in `handlers_abandoned`, logged once), so a handler
+    that swallows `CancelledError` never holds a connection, the memory budget or a shutdown;
     `close_timeout_seconds` bounds sending the close frame (and how long a drain waits for
     its 503 answers to the upgrades not yet accepted); `max_buffered_answer_bytes`
     bounds an error or JSON answer of the handler, which is read whole, and one event of a
@@ -88,6 +94,7 @@ class Limits:
     store_read_seconds: float = 5.0
     store_write_seconds: float = 15.0
     after_response_grace_seconds: float = 5.0
+    abandon_handler_seconds: float = 5.0
     close_timeout_seconds: float = 1.0
     max_buffered_answer_bytes: int = 64 * MiB
 

@@ -81,6 +81,11 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("turns", "counter", "Handler calls made for generated responses."),
     Metric("turns_failed", "counter", "Handler calls whose response failed or errored."),
+    Metric(
+        "handlers_abandoned",
+        "counter",
+        "Handler calls still running abandon_handler_seconds after ws_mode cancelled them.",
+    ),
     Metric("warm_ups", "counter", "generate: false warm-ups answered without calling the handler."),
     Metric(
         "cache_hits",
@@ -194,6 +199,7 @@ class Stats:
         self.turns = 0
         self.warm_ups = 0
         self.turns_failed = 0
+        self.handlers_abandoned = 0
         self.cache_hits = 0
         self.cache_misses = 0
         self.bytes_received = 0

@@ -29,7 +29,6 @@ from cachetools import LRUCache
 from . import _logs as logs
 from ._after_response import AfterResponses
 from ._asgi import Scope
-from ._budget import MemoryBudget
 from ._cache import CachedResponse, ResponseCache
 from ._client_events import CreateEvent, InterruptEvent, SteerEvent, may_store
 from ._conversation import conversation_scope
@@ -37,6 +36,7 @@ from ._events import ResponseStream, lifecycle_events
 from ._handler_call import HandlerCall, handler_headers, http_scope
 from ._hooks import HookFailed
 from ._lanes import Lanes
+from ._logs import for_log
 from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
     echoed_tool,
@@ -325,18 +325,21 @@ class TurnRunner:
         held: int,
     ) -> Outcome:
         """Call the handler and see its response to the end (cached, or failed). `held`,
-        reserved in the memory budget, is given back when the call ends, whenever that is."""
+        reserved in the memory budget, is given back when the call ends, whenever that is, or
+        when it is abandoned (a handler that ignores its cancellation:
+        `Limits.abandon_handler_seconds`)."""
         self.streams.add(stream)
         max_buffered = self.limits.max_buffered_answer_bytes
         handler = HandlerCall(
             self._app, scope, body, stream, max_buffered=max_buffered, budget=self.settings.budget
         )
-        call = asyncio.create_task(handler.run())
-        call.add_done_callback(functools.partial(_give_back, self.settings.budget, held))
+        call = handler.start(functools.partial(self.settings.budget.release, held))
         try:
-            await self._until_finished(stream, call)
+            await self._until_finished(stream, handler, call)
             if stream.interruption is not None:
                 await self._interrupted(stream.interruption, handler, call)
+            elif stream.steered and not call.done():
+                await handler.stop(call)  # what it would still say was cut off for steering
         finally:
             self.streams.discard(stream)
             if stream.response_id is not None and not stream.succeeded:
@@ -346,14 +349,16 @@ class TurnRunner:
                 self.stats.turn_finished(elapsed, failed=stream.failure is not None)
                 if stream.failure is not None:
                     self.stats.error(stream.failure)
-        if not call.done():
-            if stream.steered:
-                await handler.stop(call)  # what it would still say was cut off for steering
-            else:
-                # The client has its terminal event; what the handler still does (a background
-                # task, logging) goes on without holding up the lane.
-                self.after.track(call)
-        elif not call.cancelled():  # stopped for an interrupt: nothing to read
+            if not call.done():
+                if handler.stopped:
+                    # The turn is over and the call was told so: it gets a bounded time to
+                    # end, never the lane's (the next request starts now).
+                    self.after.stopping(handler, call, _turn_name(stream))
+                else:
+                    # The client has its terminal event; what the handler still does (a
+                    # background task, logging) goes on without holding up the lane.
+                    self.after.track_call(handler, call, _turn_name(stream))
+        if call.done() and not call.cancelled():  # stopped for an interrupt: nothing to read
             try:
                 call.result()
             except ClientGone:
@@ -378,7 +383,8 @@ class TurnRunner:
     ) -> None:
         """Tell the client its interrupt is accepted, stop the handler, then send the rest of
         the interrupted response's end (`ResponseStream.interrupt`): the lane's next request
-        starts after it, with the handler (through the proxy, its upstream request) gone."""
+        starts after it, with the handler (through the proxy, its upstream request) told to
+        stop and, unless it ignores its cancellation, gone."""
         send = self.socket.send_text
         try:
             await send(frames[0])
@@ -464,8 +470,12 @@ class TurnRunner:
         )
         return current, new_fragment, body
 
-    async def _until_finished(self, stream: ResponseStream, call: asyncio.Task[None]) -> None:
+    async def _until_finished(
+        self, stream: ResponseStream, handler: HandlerCall, call: asyncio.Task[None]
+    ) -> None:
         """Wait until the response ended or the handler call returned, whichever is first.
+        Past `max_turn_seconds` the call is stopped and the client gets the timeout's error at
+        once, whether the handler honours its cancellation or not.
 
         One future, resolved by whichever comes first (the stream's end, the call's return,
         `max_turn_seconds`): `asyncio.wait` on the call and a task waiting on an event cost a
@@ -484,10 +494,11 @@ class TurnRunner:
             if timer is not None:
                 timer.cancel()
             if not stream.finished and not call.done():
-                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a limit).
-                call.cancel()
-                await asyncio.gather(call, return_exceptions=True)
-        if not stream.finished and call.cancelled():
+                # Past `max_turn_seconds`, or the turn was abandoned (the client left, a
+                # limit): the call is stopped, never waited for (`_run_handler` gives it its
+                # bounded time to end).
+                handler.stop_now(call)
+        if not stream.finished and handler.stopped:
             await stream.event(
                 error_event(
                     504,
@@ -643,10 +654,9 @@ def _full_context(mode: str, previous: CachedResponse | None, forwarded: bool) -
     return mode == "always" and not previous.remote
 
 
-def _give_back(budget: MemoryBudget, held: int, call: asyncio.Task[None]) -> None:
-    """The handler call ended (returned, failed, cancelled; past its terminal event too): what
-    it held of its request is let go."""
-    budget.release(held)
+def _turn_name(stream: ResponseStream) -> str:
+    """The turn a handler call served, as the log names it."""
+    return f"response {for_log(stream.response_id)}, stream_id {for_log(stream.stream_id)}"
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

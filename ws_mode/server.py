@@ -5,10 +5,11 @@ application's lifespan shutdown runs, so the middleware cannot give running turn
 period from there. `Server` drains the middlewares first: running turns finish (up to
 `Limits.shutdown_grace_seconds`), then sockets close with 1001 and clients reconnect, and
 the store writes still under way land (each within its own timeout) before the process
-exits. Its listening sockets close before the drain begins, so new connections are refused
-at TCP level and a load balancer sends them to another server at once (an upgrade that got in
-just before is answered 503, which clients retry). It also drops
-uvicorn's spurious error line after the upgrades ws_mode refused
+exits; a handler that ignores its cancellation holds it at most
+`Limits.abandon_handler_seconds` more. Its listening sockets close before the drain begins,
+so new connections are refused at TCP level and a load balancer sends them to another server
+at once (an upgrade that got in just before is answered 503, which clients retry). It also
+drops uvicorn's spurious error line after the upgrades ws_mode refused
 (`RefusalLineFilter`, also exported here with `show_on_stderr` for programs that configure
 uvicorn's logging themselves).
 
