@@ -175,6 +175,35 @@ _warned = threading.Event()
 _warning = threading.Lock()  # servers may run in several threads of one process
 
 
+class Held:
+    """What one piece of work holds in a budget (None: nothing is counted, everything fits),
+    reserved as it grows and let go in part or whole: a handler's answer read whole, say."""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: MemoryBudget | None) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def add(self, size: int) -> bool:
+        """Reserve `size` bytes more; False, holding no more, when the budget cannot."""
+        if self.budget is None:
+            return True
+        if not self.budget.reserve(size):
+            return False
+        self.size += size
+        return True
+
+    def let_go(self, size: int | None = None) -> None:
+        """Let go of `size` bytes of what is held (None: all of it)."""
+        size = self.size if size is None else min(size, self.size)
+        if size <= 0:
+            return
+        if self.budget is not None:
+            self.budget.release(size)
+        self.size -= size
+
+
 def server_name(receive: Callable[..., Any], scope: Mapping[str, Any]) -> str:
     """Which ASGI server hands a socket's messages to `receive`: "uvicorn", "hypercorn",
     "daphne", "granian", or "" when it cannot tell (the callable wrapped by another middleware,

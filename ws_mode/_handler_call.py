@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import orjson
 
 from ._asgi import ASGIApp, Message, Receive, Scope
-from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
+from ._budget import ANSWER_FRAME_COPIES, Held, MemoryBudget
 from ._cache import decoded_size
 from ._events import lifecycle_events
 from ._headers import end_to_end, error_headers, header
@@ -201,7 +201,7 @@ class HandlerCall:
         self.max_buffered = max_buffered
         #: Where an answer read whole is reserved while it is held (None: not counted).
         self.budget = budget
-        self._held = 0  # reserved in `budget` now
+        self._held = Held(budget)
         #: The budget could not hold the answer: it was dropped, the turn is refused.
         self._refused = False
         self.status: int | None = None
@@ -367,7 +367,7 @@ class HandlerCall:
                 self._buffered += len(body)
                 if self._buffered > self.max_buffered:
                     raise RuntimeError("The handler's answer is larger than ws_mode accepts.")
-                if not self._hold(len(body)):
+                if not self._held.add(len(body)):
                     self._refused = True  # the rest of the answer is dropped as it comes
                     self._drop_answer()
                     return
@@ -413,21 +413,10 @@ class HandlerCall:
         else:
             await self.sink.event(framed, from_handler=True)
 
-    def _hold(self, size: int) -> bool:
-        """Reserve `size` more bytes of the answer in the budget; False when it cannot."""
-        if self.budget is None:
-            return True
-        if not self.budget.reserve(size):
-            return False
-        self._held += size
-        return True
-
     def _drop_answer(self) -> None:
         """Let go of the answer read whole, and of its reservation."""
         self._buffer = []
-        if self._held and self.budget is not None:
-            self.budget.release(self._held)
-        self._held = 0
+        self._held.let_go()
 
     async def _finish(self) -> None:
         if self.sink.finished or self.stopped:
@@ -445,17 +434,15 @@ class HandlerCall:
                 server_error("The handler's event stream ended before a terminal event.")
             )
             return
-        if len(self._buffer) > 1 and not self._hold(self._buffered):
+        if len(self._buffer) > 1 and not self._held.add(self._buffered):
             self._drop_answer()  # no room to join its chunks
             await self.sink.refuse("the handler's answer to this request")
             return
         body = b"".join(self._buffer)
         self._buffer = []  # the chunks go: the body holds them (one chunk is the body itself)
-        if self._held > len(body) and self.budget is not None:
-            self.budget.release(self._held - len(body))
-            self._held = len(body)
+        self._held.let_go(self._held.size - len(body))  # the chunks joined: the body is all
         # The answer decoded and its events' frames, one at a time, until they are sent.
-        if not self._hold(answer_cost(body)):
+        if not self._held.add(answer_cost(body)):
             self._drop_answer()
             del body
             await self.sink.refuse("the handler's answer to this request")
@@ -504,9 +491,8 @@ class HandlerCall:
             return
         # The body is decoded: only the answer decoded and its frames stay held.
         del body
-        if self._held > self._buffered and self.budget is not None:
-            self.budget.release(self._buffered)
-            self._held -= self._buffered
+        if self._held.size > self._buffered:
+            self._held.let_go(self._buffered)
         for event in lifecycle_events(response):
             await self.sink.event(event)
             if self.sink.finished:

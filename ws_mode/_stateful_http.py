@@ -34,7 +34,7 @@ from ._auth import (
     failure_code,
     failure_param,
 )
-from ._budget import ANSWER_FRAME_COPIES, MemoryBudget
+from ._budget import ANSWER_FRAME_COPIES, Held, MemoryBudget
 from ._cache import decoded_size
 from ._client_events import may_store, store_problem, text_input, too_long_id
 from ._conversation import conversation_scope
@@ -293,8 +293,7 @@ class _Watcher:
         budget: MemoryBudget | None = None,
     ) -> None:
         self._send = send
-        self._budget = budget
-        self._held = 0  # reserved in `budget` now
+        self._held = Held(budget)
         self._refused = False
         self._tap = ResponseTap(parent_id)
         self._finished = finished
@@ -319,13 +318,13 @@ class _Watcher:
             chunk = message.get("body", b"")
             more = message.get("more_body", False)
             if not self._refused:
-                if self._hold(len(chunk)):
+                if self._held.add(len(chunk)):
                     self._json.append(chunk)
                     self._json_bytes += len(chunk)
                 else:
                     self._refused = True  # the rest of the answer is dropped as it comes
                     self._json = []
-                    self._let_go()
+                    self._held.let_go()
             if self._refused:
                 if not more:
                     self._json = None
@@ -337,7 +336,7 @@ class _Watcher:
                     self._json = None
                     await self._send_json(body)
                 finally:
-                    self._let_go()
+                    self._held.let_go()
             elif self._json_bytes > self._limit:
                 held, start = b"".join(self._json), self._start
                 assert start is not None
@@ -347,7 +346,7 @@ class _Watcher:
                     await self._send(start)
                     await self._send_body(held, more=True)
                 finally:
-                    self._let_go()
+                    self._held.let_go()
         elif message["type"] == "http.response.body" and self._blocks is not None:
             more = message.get("more_body", False)
             blocks = self._blocks
@@ -362,21 +361,6 @@ class _Watcher:
                 await self._send({"type": "http.response.body", "body": body, "more_body": more})
         else:
             await self._send(message)
-
-    def _hold(self, size: int) -> bool:
-        """Reserve `size` more bytes of the answer in the budget; False when it cannot."""
-        if self._budget is None:
-            return True
-        if not self._budget.reserve(size):
-            return False
-        self._held += size
-        return True
-
-    def _let_go(self) -> None:
-        """The answer held was sent or dropped: its reservation goes."""
-        if self._held and self._budget is not None:
-            self._budget.release(self._held)
-        self._held = 0
 
     async def _send_body(self, body: bytes, *, more: bool = False) -> None:
         """Send `body` in pieces of `ANSWER_PIECE` bytes: the server takes the next once it
@@ -420,8 +404,8 @@ class _Watcher:
         start = self._start
         assert start is not None
         # The answer decoded, echoed and stored, until it is sent.
-        if not self._hold(decoded_size(body) + ANSWER_FRAME_COPIES * len(body)):
-            self._let_go()
+        if not self._held.add(decoded_size(body) + ANSWER_FRAME_COPIES * len(body)):
+            self._held.let_go()
             del body
             why = memory_budget_message("the handler's answer", then="Retry shortly.")
             await _answer(self._send, 503, SERVER_IS_OVERLOADED, why)

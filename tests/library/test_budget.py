@@ -10,7 +10,7 @@ import pytest
 from tests.library.test_cache import node
 from tests.library.test_lanes import Recorder, create, settle
 from ws_mode import Limits
-from ws_mode._budget import CONNECTION_COST, MemoryAccount, MemoryBudget
+from ws_mode._budget import CONNECTION_COST, Held, MemoryAccount, MemoryBudget
 from ws_mode._cache import ResponseCache
 from ws_mode._client_events import ProtocolError
 from ws_mode._lanes import Lanes
@@ -94,3 +94,20 @@ def test_every_middleware_of_a_process_counts_against_one_account() -> None:
     assert small.reserve(10)
     assert account.used == 100
     assert (small.held, large.held) == (10, 90)
+
+
+def test_what_one_piece_of_work_holds_grows_and_is_let_go_in_part_or_whole() -> None:
+    budget = MemoryBudget(100, MemoryAccount())
+    held = Held(budget)
+    assert held.add(60)
+    assert not held.add(50)  # past the budget: refused, nothing more held
+    assert (held.size, budget.used) == (60, 60)
+    held.let_go(20)
+    held.let_go(-5)  # nothing to let go
+    assert (held.size, budget.used) == (40, 40)
+    held.let_go()
+    assert (held.size, budget.used) == (0, 0)
+    free = Held(None)  # no budget: everything fits, nothing is counted
+    assert free.add(10**12)
+    free.let_go()
+    assert free.size == 0
