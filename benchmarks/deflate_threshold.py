@@ -20,6 +20,13 @@ frame (the median of ``--repeat`` runs), for websockets' own framing (``ServerPr
 and ``data_to_send``, what uvicorn's protocol does), framing without deflate, and
 :func:`ws_mode._batching.data_frame` at each threshold. A websockets client reads back every
 chain framed at each threshold, which must give the messages sent.
+
+The other way, what the server spends reading a client's frames: the same messages compressed
+by a websockets client (every message, as websockets and the openai SDK send them) and parsed by
+websockets' server parser, inflated by websockets' own permessage-deflate and by
+:class:`ws_mode._batching.BudgetedInflate` (inflating in budgeted steps, what
+``BatchingWebSocketProtocol`` installs), interleaved, the CPU per frame the median of
+``--repeat`` runs (``measure_reading``).
 """
 
 from __future__ import annotations
@@ -45,10 +52,10 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from ws_mode._batching import data_frame
+from ws_mode._batching import BatchingWebSocketProtocol, BudgetedInflate, data_frame
 from ws_mode.toolkit.bench.in_process import socket_scope, uvicorn_deflate
 
-__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "record_chain"]
+__all__ = ["DEFAULT_THRESHOLDS", "Row", "main", "measure", "measure_reading", "record_chain"]
 
 #: The thresholds measured by default, in bytes.
 DEFAULT_THRESHOLDS: Final = (0, 64, 128, 256, 512, 1024, 2048)
@@ -261,6 +268,63 @@ def _time_one(
     return time.process_time() - started
 
 
+#: The ways of inflating a client's frames ``measure_reading`` compares.
+READERS: Final = ("websockets, inflate", "ws_mode, inflate in steps")
+
+
+def _reader(name: str) -> ServerProtocol:
+    server, _ = _negotiated()
+    if name != READERS[0]:
+        # A protocol with no budget (nothing read from uvicorn's state): the extension's own
+        # path, each step held without a reservation.
+        protocol = BatchingWebSocketProtocol.__new__(BatchingWebSocketProtocol)
+        server.extensions = [BudgetedInflate(_deflate_of(server), protocol)]
+    return server
+
+
+def _read(server: ServerProtocol, wire: list[bytes]) -> list[bytes]:
+    read: list[bytes] = []
+    for data in wire:
+        server.receive_data(data)
+        read.extend(bytes(e.data) for e in server.events_received() if isinstance(e, Frame))
+    return read
+
+
+def measure_reading(messages: list[bytes], repeat: int) -> list[Row]:
+    """Compress ``messages`` as a websockets client does, then parse them with each of
+    :data:`READERS`, ``repeat`` times each (interleaved), and report each; every reader must
+    read the messages back."""
+    _, client = _negotiated()
+    wire = []
+    for message in messages:
+        client.send_text(message)
+        wire.append(b"".join(client.data_to_send()))
+    for name in READERS:
+        if _read(_reader(name), wire) != messages:
+            raise AssertionError(f"{name}: the server read other messages")
+    times: dict[str, list[float]] = {name: [] for name in READERS}
+    for _ in range(repeat):
+        for name in READERS:
+            server = _reader(name)
+            receive_data, events_received = server.receive_data, server.events_received
+            started = time.process_time()
+            for data in wire:
+                receive_data(data)
+                events_received()
+            times[name].append(time.process_time() - started)
+    wire_bytes = sum(len(data) for data in wire)
+    return [
+        Row(
+            name,
+            wire_bytes=wire_bytes,
+            compressed=len(wire),
+            frames=len(wire),
+            cpu_per_frame=statistics.median(times[name]) / len(wire),
+        )
+        for name in READERS
+    ]
+
+
 def _sizes(messages: list[bytes]) -> str:
     sizes = sorted(len(message) for message in messages)
     return (
@@ -299,6 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{row.wire_bytes / plain.wire_bytes:7.2f} {row.compressed:4d} of {row.frames:3d} "
                 f"{row.cpu_per_frame * 1e6:9.2f} {per_turn * 1e6:8.1f} "
                 f"{row.cpu_per_frame / base.cpu_per_frame:20.2f}"
+            )
+        reading = measure_reading(messages, args.repeat)
+        print(f"  {'reading the client':26s} {'µs/frame':>9s} {'/websockets inflate':>20s}")
+        for row in reading:
+            print(
+                f"  {row.name:26s} {row.cpu_per_frame * 1e6:9.2f} "
+                f"{row.cpu_per_frame / reading[0].cpu_per_frame:20.2f}"
             )
     return 0
 

@@ -2,9 +2,9 @@
 
 The child runs a script that ends with `SERVE` (its app under
 `ws_mode.testing._loopback.ServerThread`): it prints its base URL and serves until its standard
-input closes; its app answers `GET /stats` with its RSS
-(`rss`) beside whatever else it reports. Only the server's own memory counts: the clients, and
-what they build, live in the test's process.
+input closes; its app answers `GET /stats` with its RSS (`rss`; `peak_rss` and
+`reset_peak_rss` are there for its peak) beside whatever else it reports. Only the server's own
+memory counts: the clients, and what they build, live in the test's process.
 """
 
 from __future__ import annotations
@@ -32,8 +32,25 @@ def rss() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-#: The child's `rss()`, the same function, for the scripts that do not import this module.
-RSS = "\n" + inspect.getsource(rss)
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM) since it started or `reset_peak_rss`, in
+    bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def reset_peak_rss() -> None:
+    """Make this process's peak resident set its current one (Linux's clear_refs, 5)."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+#: The child's `rss()`, `peak_rss()` and `reset_peak_rss()`, the same functions, for the
+#: scripts that do not import this module.
+RSS = "".join("\n" + inspect.getsource(f) for f in (rss, peak_rss, reset_peak_rss))
 
 
 #: The child's last lines: its `middleware` served on loopback, its base URL printed, until its

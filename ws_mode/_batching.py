@@ -35,12 +35,20 @@ import zlib
 from typing import TYPE_CHECKING, Any, Final
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import PayloadTooBig, ProtocolError
+from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import PerMessageDeflate
-from websockets.frames import Frame, Opcode
+from websockets.frames import CTRL_OPCODES, Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 
-from ._budget import BUDGET_EXTENSION, REFUSED_MESSAGE, MemoryBudget
+from ._budget import (
+    BUDGET_EXTENSION,
+    INFLATE_STEP,
+    MESSAGE_COPIES,
+    REFUSED_MESSAGE,
+    MemoryBudget,
+)
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
@@ -187,6 +195,131 @@ def frame_size(data: bytes | bytearray) -> int | None:
     return header + length
 
 
+#: What a sync flush ends with, which the sender leaves out of a compressed message (RFC 7692,
+#: section 7.2.2): the receiver appends it.
+_FLUSH_TAIL: Final = b"\x00\x00\xff\xff"
+
+
+class BudgetedInflate(Extension):
+    """The client's permessage-deflate as websockets applies it to what it parses, inflating a
+    compressed frame in steps of at most :data:`~ws_mode._budget.INFLATE_STEP` bytes, each
+    reserved in the protocol's budget before the next is made (websockets inflates a frame
+    whole, up to the message size limit, before anything sees it: a few KiB on the wire
+    became megabytes outside the account). A frame the budget cannot hold is dropped: what
+    it inflated so far is let go, and the frame is handed on empty with the protocol told
+    (:meth:`BatchingWebSocketProtocol._admit` drops its message). What is not inflated of a
+    dropped message is still run through the connection's decompressor, a step at a time and
+    let go, when the client compresses with context takeover (the next message refers to
+    it); without, it is skipped. Encoding is the wrapped extension's."""
+
+    __slots__ = ("deflate", "name", "protocol")
+
+    def __init__(self, deflate: PerMessageDeflate, protocol: BatchingWebSocketProtocol) -> None:
+        self.deflate = deflate
+        self.name = deflate.name
+        self.protocol = protocol
+
+    def encode(self, frame: Frame) -> Frame:
+        """The wrapped extension's."""
+        return self.deflate.encode(frame)
+
+    def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
+        """``frame`` inflated when its message is compressed (RSV1 on its first frame), within
+        the budget and ``max_size`` (websockets' :class:`~websockets.exceptions.PayloadTooBig`
+        past it); as it is otherwise."""
+        opcode = frame.opcode
+        if opcode in CTRL_OPCODES:
+            return frame
+        deflate = self.deflate
+        fin = frame.fin
+        if opcode is Opcode.CONT:
+            if not deflate.decode_cont_data:
+                return frame
+            if fin:
+                deflate.decode_cont_data = False
+        else:
+            if not frame.rsv1:
+                return frame
+            if not fin:
+                deflate.decode_cont_data = True
+            if deflate.remote_no_context_takeover:  # a new decompressor per message
+                deflate.decoder = zlib.decompressobj(wbits=-deflate.remote_max_window_bits)
+        payload = frame.data
+        # The flush's tail is appended to a small frame (one call), given after a large one
+        # (no copy of it); either way it inflates to nothing.
+        tail_after = fin and len(payload) >= _APPEND_TAIL_BELOW
+        if fin and not tail_after:
+            payload = bytes(payload) + _FLUSH_TAIL
+        decoder = deflate.decoder
+        try:
+            if self.protocol._dropping:
+                # The rest of a message being dropped: nothing of it is kept.
+                self._discard(decoder, payload)
+                data = b""
+            elif max_size is None or max_size >= INFLATE_STEP:
+                data = decoder.decompress(payload, INFLATE_STEP)
+                if decoder.unconsumed_tail:  # more than a step
+                    data = self._inflate_rest(decoder, data, max_size)
+            else:
+                first = decoder.decompress(payload, _step(0, max_size))
+                data = self._inflate_rest(decoder, first, max_size)
+            if tail_after:
+                deflate.decoder.decompress(_FLUSH_TAIL)
+        except zlib.error as exc:
+            raise ProtocolError("decompression failed") from exc
+        if fin and deflate.remote_no_context_takeover:
+            del deflate.decoder
+        return Frame(opcode, data, fin, False, frame.rsv2, frame.rsv3)
+
+    def _inflate_rest(self, decoder: Any, first: bytes, max_size: int | None) -> bytes:
+        """What is left of a frame after its ``first`` step, a step at a time, each step
+        reserved before the next is made; nothing when the budget cannot hold a step (the
+        protocol told, the rest run through ``_discard``)."""
+        protocol = self.protocol
+        steps = [first]
+        size = len(first)
+        while True:
+            if max_size is not None and size > max_size:
+                raise PayloadTooBig(size, max_size)
+            tail = decoder.unconsumed_tail
+            if not tail:
+                return b"".join(steps)
+            if max_size is not None and size == max_size:
+                raise PayloadTooBig(None, max_size)
+            if not protocol._hold_inflated(len(steps[-1])):
+                steps.clear()
+                protocol._inflate_refused = True
+                self._discard(decoder, tail)
+                return b""
+            steps.append(decoder.decompress(tail, _step(size, max_size)))
+            size += len(steps[-1])
+
+    def _discard(self, decoder: Any, payload: bytes | bytearray | memoryview) -> None:
+        """Run ``payload`` through ``decoder`` a step at a time, keeping nothing, when the
+        next message depends on it (context takeover); skip it otherwise, the message's
+        decompressor replaced (what it was fed stops midway)."""
+        deflate = self.deflate
+        if deflate.remote_no_context_takeover:
+            deflate.decoder = zlib.decompressobj(wbits=-deflate.remote_max_window_bits)
+            return
+        decoder.decompress(payload, INFLATE_STEP)
+        while tail := decoder.unconsumed_tail:
+            decoder.decompress(tail, INFLATE_STEP)
+
+
+def _step(inflated: int, max_size: int | None) -> int:
+    """How much the next step may inflate: a step, and no more than ``max_size`` leaves (at
+    least one byte: zlib reads 0 as no bound, and one byte past it is the frame too large)."""
+    if max_size is None:
+        return INFLATE_STEP
+    return max(1, min(INFLATE_STEP, max_size - inflated))
+
+
+#: Below this many bytes on the wire, a final frame has the flush's tail appended (a copy of
+#: it, cheaper than a second call into zlib for a small frame).
+_APPEND_TAIL_BELOW: Final = 2048
+
+
 class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol writing through a :class:`BatchingTransport`,
     and framing the application's messages itself.
@@ -206,13 +339,17 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     reading resumes only then. A frame's payload is let go once uvicorn made it a message
     (websockets' parser otherwise keeps the last frame until the next one arrives).
 
-    The fragments of a message still arriving (frames without FIN, each inflated on its own)
-    are held here, up to the message size limit per socket, before the application sees any
-    of it: they are counted in the process's memory budget as they come, when ws_mode's
-    middleware serves the socket (it hands the protocol its budget with ``websocket.accept``,
-    through the ASGI extension ``ws_mode.memory_budget`` offered in the scope). A fragment the
-    budget cannot hold drops the message: the rest of it is let go as it arrives, and the
-    middleware answers ``server_is_overloaded`` in its place, the socket kept.
+    A message is held here, up to the message size limit per socket, before the application
+    sees any of it: the fragments of a message still arriving (frames without FIN), and what a
+    compressed frame inflates to (a few KiB on the wire may be the whole limit). Both are
+    counted in the process's memory budget as they come, when ws_mode's middleware serves the
+    socket (it hands the protocol its budget with ``websocket.accept``, through the ASGI
+    extension ``ws_mode.memory_budget`` offered in the scope): fragments as they arrive, a
+    compressed frame a step at a time as it inflates (:class:`BudgetedInflate`), each at
+    :data:`~ws_mode._budget.MESSAGE_COPIES` times its size, held until the application takes
+    the message. A fragment or step the budget cannot hold drops the message: the rest of it
+    is let go as it arrives, and the middleware answers ``server_is_overloaded`` in its place,
+    the socket kept.
 
     A keepalive ping left unanswered closes the socket (1011) only when nothing at all came
     from the client meanwhile: a client uploading a message larger than its link carries in
@@ -240,6 +377,14 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
     _budget: MemoryBudget | None = None
     _fragments: int = 0
     _dropping: bool = False
+    # Whether the client's permessage-deflate is wrapped in BudgetedInflate yet; what it
+    # reserved inflating the frame being parsed, and whether the budget refused that frame.
+    _inflation_watched: bool = False
+    _inflated: int = 0
+    _inflate_refused: bool = False
+    # What the message handed to uvicorn's queue holds of the budget, until the application
+    # takes it.
+    _queued: int = 0
     # When the client's bytes last arrived (the event loop's clock).
     _heard_at: float = 0.0
 
@@ -337,6 +482,8 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             # it wait), parsed as uvicorn does.
             super().data_received(data)
             return
+        if not self._inflation_watched:
+            self._watch_inflation()
         if self._unparsed is None:
             self._unparsed = bytearray(data)
         else:
@@ -373,33 +520,44 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
             if self.queue.empty() and self.read_paused:  # all kept was parsed: read on
                 self.read_paused = False
                 self.transport.resume_reading()
-        return await self.queue.get()
+        message = await self.queue.get()
+        if self._queued:  # the application holds the message now, and counts it
+            self._let_queued_go()
+        return message
 
     def handle_text(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go (websockets' parser keeps the frame)."""
         if self._admit(event, first=True):
             super().handle_text(event)
+            if event.fin:
+                self._handed_on()
         event.data = b""
 
     def handle_bytes(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go."""
         if self._admit(event, first=True):
             super().handle_bytes(event)
+            if event.fin:
+                self._handed_on()
         event.data = b""
 
     def handle_cont(self, event: Frame) -> None:
         """uvicorn's, then the frame's payload let go."""
         if self._admit(event, first=False):
             super().handle_cont(event)
+            if event.fin:
+                self._handed_on()
         event.data = b""
 
     def _admit(self, event: Frame, *, first: bool) -> bool:
         """Whether uvicorn takes this data frame. A message's last frame is taken, and what
-        its fragments held is let go from the budget (the whole message is the receive loop's
-        to count from there); a fragment is taken once the budget holds it. One the budget
-        cannot hold drops the message: what uvicorn holds of it is let go, and so is the rest
-        as it arrives, until its last frame, in place of which the application gets the
-        refusal."""
+        the message holds of the budget stays held until the application takes it; a fragment
+        is taken once the budget holds it (:data:`~ws_mode._budget.MESSAGE_COPIES` times its
+        size, what it inflated to reserved step by step by :class:`BudgetedInflate`). A frame
+        the budget cannot hold, or could not hold as it inflated, drops the message: what
+        uvicorn holds of it is let go, and so is the rest as it arrives, until its last frame,
+        in place of which the application gets the refusal."""
+        inflated, self._inflated = self._inflated, 0
         if first:
             self._dropping = False  # websockets refuses a new message inside another
         elif self._dropping:
@@ -407,23 +565,61 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._dropping = False
                 self._hand_on_refusal()
             return False
+        if self._inflate_refused:
+            self._inflate_refused = False
+            return self._drop(event)
         if event.fin:
-            self._let_fragments_go()
             return True
         budget = self._budget
-        size = len(event.data)
+        size = len(event.data) * MESSAGE_COPIES - inflated
         if budget is None or budget.reserve(size):
             self._fragments += size
             return True
+        return self._drop(event)
+
+    def _hold_inflated(self, size: int) -> bool:
+        """Reserve what ``size`` more bytes inflated for the frame being parsed will cost;
+        False when the budget cannot hold it (always True with no budget)."""
+        budget = self._budget
+        if budget is None:
+            return True
+        cost = size * MESSAGE_COPIES
+        if not budget.reserve(cost):
+            return False
+        self._fragments += cost
+        self._inflated += cost
+        return True
+
+    def _drop(self, event: Frame) -> bool:
+        """Drop the message ``event`` belongs to: what it holds is let go, the rest as it
+        arrives; the refusal is handed on in place of its last frame."""
         self._let_fragments_go()
         self.frames = []
-        self._dropping = True
+        if event.fin:
+            self._hand_on_refusal()
+        else:
+            self._dropping = True
         return False
+
+    def _handed_on(self) -> None:
+        """A message's last frame was handed to uvicorn: what the message holds of the budget
+        stays held until the application takes it from the queue (`receive`), so that what
+        other sockets inflate meanwhile cannot fill the budget again; let go at once when
+        uvicorn queued nothing (after the close, or text that is not UTF-8)."""
+        self._queued += self._fragments
+        self._fragments = 0
+        if self.queue.empty() or self.close_sent:
+            self._let_queued_go()
 
     def _let_fragments_go(self) -> None:
         if self._fragments and self._budget is not None:
             self._budget.release(self._fragments)
         self._fragments = 0
+
+    def _let_queued_go(self) -> None:
+        if self._queued and self._budget is not None:
+            self._budget.release(self._queued)
+        self._queued = 0
 
     def _hand_on_refusal(self) -> None:
         """A message in place of the one dropped, which the receive loop answers
@@ -441,16 +637,28 @@ class BatchingWebSocketProtocol(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         self.frames = []
         self._let_fragments_go()
+        self._let_queued_go()
+
+    def _watch_inflation(self) -> None:
+        """Wrap the client's negotiated permessage-deflate in :class:`BudgetedInflate`, once
+        the handshake set the extensions."""
+        self._inflation_watched = True
+        extensions = self.conn.extensions
+        for index, extension in enumerate(extensions):
+            if isinstance(extension, PerMessageDeflate):
+                extensions[index] = BudgetedInflate(extension, self)
 
     def _decide_framing(self) -> bool:
         """Whether data frames are framed here: with no extension, or permessage-deflate alone
         (the one uvicorn offers); another would be websockets' to apply."""
+        if not self._inflation_watched:
+            self._watch_inflation()
         extensions = self.conn.extensions
         if not extensions:
             self._framing = True
-        elif len(extensions) == 1 and isinstance(extensions[0], PerMessageDeflate):
+        elif len(extensions) == 1 and isinstance(extensions[0], BudgetedInflate):
             self._framing = True
-            self._deflate = extensions[0]
+            self._deflate = extensions[0].deflate
         else:
             self._framing = False
         return self._framing

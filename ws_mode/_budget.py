@@ -48,6 +48,18 @@ BODY_COPIES = 2
 #: as its text, the protocol's encoding of it and its frame (the events carry the response
 #: object, each up to the whole answer).
 ANSWER_FRAME_COPIES = 3
+#: How many times a message the client sends is held, at its peak, as the ASGI server hands it
+#: to the application: its payload and the text decoded from it (or, for a fragmented one, its
+#: fragments and the message they are joined into). The fragments of a message still arriving,
+#: and what a compressed frame inflates to, reserve this many bytes per byte under ws_mode's
+#: protocol.
+MESSAGE_COPIES = 2
+#: The most a compressed frame inflates to in one step under ws_mode's protocol: each step's
+#: output is reserved before the next is made, so a frame the budget cannot hold is dropped
+#: having held at most this much outside the account. A frame inflating to less is inflated in
+#: one step and reserves nothing (an idle socket's reservation, `CONNECTION_COST`, and the
+#: rule's per-socket overhead cover it).
+INFLATE_STEP = 256 * 1024
 #: After a refusal, new sockets are refused until the refused work would fit again, counting
 #: at most this share of the budget (one refused huge frame must not keep sockets out long).
 PRESSURE_SHARE = 4
@@ -56,7 +68,8 @@ PRESSURE_SHARE = 4
 #: The ASGI extension ws_mode's WebSocket protocol (`ws_mode.server.BatchingWebSocketProtocol`)
 #: offers in a socket's scope, and the key of `websocket.accept` by which the middleware hands
 #: it its `MemoryBudget`: what the protocol holds before a message reaches the middleware (the
-#: fragments of a message not finished yet) is counted there.
+#: fragments of a message not finished yet, what a compressed frame inflates to) is counted
+#: there.
 BUDGET_EXTENSION = "ws_mode.memory_budget"
 #: ws_mode's protocol, as uvicorn's `--ws` names it.
 BUDGET_PROTOCOL = "ws_mode.server:BatchingWebSocketProtocol"

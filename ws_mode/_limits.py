@@ -60,7 +60,8 @@ class Limits:
     Fixed bounds: the other bounds are module constants, each a measured cost, a protocol
     fact, a process-wide detail or a ceiling over a knob set elsewhere (docs/limits.md,
     "Fixed bounds", says why for each): `_budget.BODY_COPIES`, `_budget.CONNECTION_COST`,
-    `_budget.PARSE_FACTOR`, `_budget.ANSWER_FRAME_COPIES`,
+    `_budget.PARSE_FACTOR`, `_budget.ANSWER_FRAME_COPIES`, `_budget.MESSAGE_COPIES`,
+    `_budget.INFLATE_STEP`,
     `_budget.PRESSURE_SHARE`, `_cache.TOO_LARGE_REMEMBERED`, `_cache.NODE_OVERHEAD`,
     `_cache.VALUE_OVERHEAD`, `_frames.OFF_LOOP_BYTES`, `_frames.WORKERS`, `_frames.MAX_FAILURES`,
     `_frames.RETRY_SECONDS`, `_hooks.HOOK_THREADS`, `_logs.LOG_VALUE_CHARS`,

@@ -5,7 +5,12 @@ ends or the client leaves; a fragment the budget cannot hold drops the message a
 rest is let go as it arrives), and the message is answered `server_is_overloaded`, the
 socket and its cached responses kept. Before, the fragments were held outside the budget, up to
 the message size limit per socket, however small they were on the wire (permessage-deflate);
-tests/library/test_memory_frames.py measures that as RSS."""
+tests/library/test_memory_frames.py measures that as RSS.
+
+A message sent whole in one compressed frame (permessage-deflate) is inflated in steps, each
+reserved before the next is made: one the budget cannot hold is dropped as it inflates and
+answered the same way, and the client's compression context stays in step with the server's, so
+the messages that follow inflate as they should (with context takeover, and without)."""
 
 from __future__ import annotations
 
@@ -16,10 +21,11 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
 
 from tests.servers import serve
 from ws_mode import Limits, WebSocketModeMiddleware
-from ws_mode._budget import MemoryBudget
+from ws_mode._budget import INFLATE_STEP, MemoryBudget
 from ws_mode.toolkit.reference import ReferenceConfig, create_app
 
 MiB = 1024 * 1024
@@ -118,7 +124,7 @@ async def test_fragments_are_counted_while_their_message_arrives_and_let_go_when
 
 @pytest.mark.anyio
 async def test_a_fragment_the_budget_cannot_hold_drops_its_message_and_keeps_the_socket() -> None:
-    app = middleware(limit=5 * MiB)  # two fragments fit, the third does not
+    app = middleware(limit=5 * MiB)  # one fragment fits (twice its size), the second does not
     budget: MemoryBudget = app.settings.budget
     with serve(app) as base_url:
         async with connect(ws_url(base_url), max_size=None) as socket:
@@ -164,3 +170,46 @@ async def test_the_fragments_of_a_client_that_leaves_mid_message_are_let_go() ->
         await until(lambda: budget.held == 0)
         sending.sending.cancel()
         await asyncio.gather(sending.sending, return_exceptions=True)
+
+
+def compressing(*, context_takeover: bool) -> ClientPerMessageDeflateFactory:
+    """The client's permessage-deflate, every message compressed, with or without context
+    takeover for what the client sends."""
+    return ClientPerMessageDeflateFactory(
+        client_no_context_takeover=not context_takeover, client_max_window_bits=True
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("context_takeover", [True, False])
+async def test_a_compressed_frame_the_budget_cannot_hold_is_dropped_as_it_inflates(
+    context_takeover: bool,
+) -> None:
+    app = middleware(limit=24 * MiB)  # half of what the 16 MiB message would reserve
+    budget: MemoryBudget = app.settings.budget
+    extensions = [compressing(context_takeover=context_takeover)]
+    with serve(app) as base_url:
+        async with connect(ws_url(base_url), max_size=None, extensions=extensions) as socket:
+            first = {"type": "response.create", "model": "reference", "input": "Say hi."}
+            await socket.send(json.dumps(first))
+            kept = await terminal(socket)
+            assert kept["type"] == "response.completed", kept
+            before = budget.held
+            # 16 MiB in one frame of a few KiB: refused before it is inflated whole.
+            huge = {"type": "response.create", "model": "reference", "input": "x" * 16 * MiB}
+            await socket.send(json.dumps(huge))
+            refused = await terminal(socket)
+            assert refused["error"]["code"] == "server_is_overloaded", refused
+            assert budget.refusals == 1
+            await until(lambda: budget.held == before)
+            # What follows inflates as it should: the two sides' contexts are in step.
+            follow = {
+                "type": "response.create",
+                "model": "reference",
+                "previous_response_id": kept["response"]["id"],
+                "input": "And once more, " + "y" * 3 * INFLATE_STEP,
+            }
+            await socket.send(json.dumps(follow))
+            answer = await terminal(socket)
+            assert answer["type"] == "response.completed", answer
+    assert budget.refusals == 1

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 from websockets.sync.client import ClientConnection, connect
 
 from tests.rss_server import RSS, SERVE, MiB, child_server, stats, wait_for
@@ -60,7 +61,10 @@ state = {"deltas": 0}
 DELTA = base64.b64encode(os.urandom(48 * 1024)).decode()
 
 async def stats(request):
-    return JSONResponse({"rss": rss(), **state, **middleware.stats.snapshot()})
+    if request.query_params.get("reset_peak"):
+        reset_peak_rss()
+    return JSONResponse({"rss": rss(), "peak": peak_rss(), **state,
+                         **middleware.stats.snapshot()})
 
 def sse(event):
     return f"event: {event['type']}\\ndata: {json.dumps(event)}\\n\\n"
@@ -218,6 +222,44 @@ def test_messages_left_unfinished_hold_no_more_than_the_budget() -> None:
         assert growth <= BOUND, (
             f"RSS grew {growth / MiB:.0f} MiB with {SOCKETS} messages left unfinished after two "
             f"{FRAGMENT_CHARS / MiB:.0f} MiB fragments each; the rule allows {BOUND / MiB:.0f}"
+        )
+        for socket in sockets:  # each message refused, each socket still serving turns
+            refused = _next(socket)
+            assert (refused["type"], refused["error"]["code"]) == (
+                "error",
+                "server_is_overloaded",
+            )
+            socket.send(_create(input="again"))
+            assert _terminal(socket)["type"] == "response.completed"
+
+
+#: The messages sent each in one compressed frame: about 60 KiB on the wire, inflated to more
+#: than the budget holds (twice it, the bytes and the text decoded from them, is reserved).
+INFLATED_CHARS = 60 * MiB
+
+
+def test_a_frame_is_inflated_within_the_budget() -> None:
+    with child_server(SERVER, str(BUDGET)) as base_url, contextlib.ExitStack() as stack:
+        url = base_url.replace("http", "ws", 1) + "/v1/responses"
+        before = _baseline(base_url, url)
+        sockets = _open(url, SOCKETS, stack)
+        huge = _create(generate=False, input="x" * INFLATED_CHARS)
+        httpx.get(base_url + "/stats", params={"reset_peak": "1"}, timeout=10)  # from here
+        # Each client compresses its message as one frame (websockets sends a message whole);
+        # the clients send at once.
+        senders = [
+            threading.Thread(target=socket.send, args=(huge,), daemon=True) for socket in sockets
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+        held = wait_for(base_url, lambda s: s["memory_refusals"] == SOCKETS)
+        growth = held["peak"] - before
+        assert growth <= BOUND, (
+            f"the peak RSS grew {growth / MiB:.0f} MiB while {SOCKETS} sockets each sent a "
+            f"{INFLATED_CHARS / MiB:.0f} MiB message in one compressed frame; the rule allows "
+            f"{BOUND / MiB:.0f}"
         )
         for socket in sockets:  # each message refused, each socket still serving turns
             refused = _next(socket)
