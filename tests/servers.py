@@ -76,6 +76,11 @@ def serve(
         raise ValueError(f"unknown server {server!r}; expected one of {ALL_SERVERS}")
     if isinstance(app, str):
         app = import_app(app)
+    if server == "hypercorn":
+        # Once a WebSocket has closed, hypercorn keeps its connection's task until shutdown's
+        # graceful_timeout (3 s by default) has passed: each server stopped after a socket
+        # waited 3 s for nothing. A test that needs a longer grace passes its own.
+        options.setdefault("graceful_timeout", 0.5)
     with ServerThread(
         app,
         "uvicorn" if server == "uvicorn" else "hypercorn",

@@ -68,9 +68,10 @@ def check(report: LoadReport, options: LoadOptions) -> None:
 
 @pytest.mark.parametrize(("full_context", "rounds"), [("always", 1), ("on_miss", 2)])
 def test_a_short_load_runs_both_sides_right(full_context: str, rounds: int) -> None:
-    # Two rounds: sockets, HTTP, then HTTP, sockets; each side adds its rounds up.
+    # Two rounds: sockets, HTTP, then HTTP, sockets; each side adds its rounds up. The
+    # machinery only: ten sockets of four lanes (the figures come from --run-slow's runs).
     options = LoadOptions(
-        connections=20, turns=4, lanes=4, tool_output_bytes=512, duration=90,
+        connections=10, turns=4, lanes=4, tool_output_bytes=512, duration=90,
         full_context=full_context, rounds=rounds,
     )  # fmt: skip
     report = run(options)

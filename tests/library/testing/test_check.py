@@ -46,7 +46,9 @@ def test_reference_server_passes(
     assert len(report.turns) == len(program)
 
 
-@settings(max_examples=100)
+# Against a handler that answers at random, the programs' variety matters less than against the
+# reference server above: 50 conversations over a real socket each.
+@settings(max_examples=50)
 @given(program=conversations(wrong_inputs=False))
 def test_non_deterministic_handler_passes(
     random_check: CompatibilityCheck, program: Conversation
