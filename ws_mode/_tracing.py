@@ -24,9 +24,11 @@ outside the memory budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import logging
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -102,23 +104,38 @@ class Tracing:
         return cached[1]
 
     async def flush(self) -> None:
-        """Export what the tracer provider still holds (its ``force_flush``, off the event
-        loop, at most :data:`FLUSH_SECONDS`): the end of a drain calls it, since uvicorn ends
-        its process with the signal it got once it shut down, and exit hooks (where an SDK
-        exports its queue) never run."""
+        """Export what the tracer provider still holds (its ``force_flush``, in a daemon
+        thread of its own, waited for at most :data:`FLUSH_SECONDS`): the end of a drain calls
+        it, since uvicorn ends its process with the signal it got once it shut down, and exit
+        hooks (where an SDK exports its queue) never run. A flush that hangs (an exporter that
+        never returns) keeps neither the drain nor the process's exit waiting."""
         trace = self._api.trace
         provider = self._provider if self._provider is not None else trace.get_tracer_provider()
         force_flush = getattr(provider, "force_flush", None)
         if not callable(force_flush):
             return
         loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(None, force_flush, int(FLUSH_SECONDS * 1000))
+        done: asyncio.Future[object] = loop.create_future()
+
+        def flush() -> None:
+            try:
+                result: object = force_flush(int(FLUSH_SECONDS * 1000))
+            except Exception as exc:  # handed to the loop, which logs it
+                _hand_over(loop, done, exc)
+            else:
+                _hand_over(loop, done, result)
+
+        threading.Thread(target=flush, name="ws_mode-span-flush", daemon=True).start()
         try:
-            done = await asyncio.wait_for(call, FLUSH_SECONDS + 1)
-        except Exception:
-            logger.warning("Exporting the spans at the end of the drain failed", exc_info=True)
-            return
-        if done is False:
+            result = await asyncio.wait_for(done, FLUSH_SECONDS + 1)
+        except TimeoutError:
+            result = False
+        if isinstance(result, Exception):
+            logger.warning(
+                "Exporting the spans at the end of the drain failed",
+                exc_info=(type(result), result, result.__traceback__),
+            )
+        elif result is False:
             logger.warning("The spans were not all exported within %.0f s", FLUSH_SECONDS)
 
     def connection(self, scope: Scope, path: str, connection_id: str) -> ConnectionSpan | None:
@@ -127,6 +144,19 @@ class Tracing:
         if tracer is None:
             return None
         return ConnectionSpan(self._api, tracer, scope, path, connection_id)
+
+
+def _hand_over(
+    loop: asyncio.AbstractEventLoop, done: asyncio.Future[object], value: object
+) -> None:
+    """Resolve `done` with `value` from another thread, unless its loop has closed."""
+
+    def resolve() -> None:
+        if not done.done():
+            done.set_result(value)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+        loop.call_soon_threadsafe(resolve)
 
 
 def _version() -> str | None:

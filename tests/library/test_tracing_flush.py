@@ -27,12 +27,13 @@ LAUNCHERS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
-def test_the_spans_of_turns_before_a_sigterm_are_exported(launcher: str, tmp_path: Path) -> None:
+def turn_then_sigterm(launcher: str, tmp_path: Path, **env_extra: str) -> Path:
+    """Serve tests/span_flush_app.py under `launcher`, run one turn, send SIGTERM and wait
+    for the process to end; the file the spans were exported to."""
     spans = tmp_path / "spans.txt"
     port = free_port()
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "SPAN_FILE": str(spans), "PYTHONPATH": path}
+    env = {**os.environ, "SPAN_FILE": str(spans), "PYTHONPATH": path, **env_extra}
     command, ready = LAUNCHERS[launcher]
     process = subprocess.Popen(
         [*command, "--port", str(port)],
@@ -48,6 +49,19 @@ def test_the_spans_of_turns_before_a_sigterm_are_exported(launcher: str, tmp_pat
             process.wait(60)
     finally:
         stop(process)
+    return spans
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_the_spans_of_turns_before_a_sigterm_are_exported(launcher: str, tmp_path: Path) -> None:
+    spans = turn_then_sigterm(launcher, tmp_path)
     exported = spans.read_text().splitlines() if spans.exists() else []
     assert "response.create" in exported, exported
     assert "WebSocket /v1/responses" in exported, exported
+
+
+def test_a_flush_that_never_returns_keeps_no_process_from_ending(tmp_path: Path) -> None:
+    # An exporter that never returns, and a processor whose flush ignores its timeout: the
+    # drain waits FLUSH_SECONDS for the flush, in a daemon thread of its own, then the process
+    # ends (a TimeoutExpired from the wait in turn_then_sigterm fails the test).
+    turn_then_sigterm("uvicorn", tmp_path, SPAN_EXPORT_HANGS="1")
