@@ -87,6 +87,8 @@ def test_an_interrupt_gets_its_terminal_and_the_lane_s_next_create_runs(
         created = receive(ws)
         assert created["type"] == "response.created"
         target = created["response"]["id"]
+        # In its model call (its thread blocked) when the interrupt comes, not before.
+        wait_for(lambda: (stubborn.running if model == "stubborn" else stubborn.blocked) == 1)
         ws.send(create("quick", stream_id="main"))  # waits on the lane behind it
         ws.send(json.dumps({"type": "response.interrupt", "response_id": target,
                             "mode": "discard_partial_items"}))  # fmt: skip
@@ -94,6 +96,7 @@ def test_an_interrupt_gets_its_terminal_and_the_lane_s_next_create_runs(
         following = read_until(ws, TERMINAL)
         # It still runs (its thread is still blocked): nothing waited for it.
         assert (stubborn.running if model == "stubborn" else stubborn.blocked) == 1
+        stubborn.release()  # now it may end: the server stops without waiting for it
     assert [event["type"] for event in interrupted] == [
         "response.interrupt.accepted",
         "response.incomplete",
@@ -113,6 +116,7 @@ def test_max_turn_seconds_sends_its_terminal_and_the_lane_goes_on(stubborn: Stub
         first = read_until(ws, TERMINAL)
         following = read_until(ws, TERMINAL)
         assert stubborn.running == 1
+        stubborn.release()  # now it may end: the server stops without waiting for it
     # (Its response.created comes first, unless a loaded machine let the deadline pass before.)
     assert first[-1]["type"] == "error"
     assert first[-1]["error"]["code"] == "turn_timeout"
