@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The suite starts a hundred Python child processes (servers, the command line, examples):
+# where the environment asks for no bytecode (PYTHONDONTWRITEBYTECODE), each would compile
+# ws_mode and the tests from source again. The suite writes it (to __pycache__, which git
+# ignores), for this process and its children.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
