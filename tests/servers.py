@@ -20,14 +20,13 @@ import importlib
 import importlib.util
 import os
 import re
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,19 +179,27 @@ def _serve_in_child(
 
 
 def first_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    """The first line of the process's output that starts with `prefix`."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if ready:
-            line = process.stdout.readline()
+    """The first line of the process's output that starts with `prefix`. Read line by line in
+    a thread of its own, which stops at that line (what follows stays in the stream for its
+    next reader): waiting on the pipe with `select` missed the lines the stream had already
+    buffered with an earlier one (a server printing its four start lines in one write)."""
+    stdout = process.stdout
+    assert stdout is not None
+    seen: list[str] = []
+    found: list[str] = []
+
+    def read() -> None:
+        for line in iter(stdout.readline, ""):
             if line.startswith(prefix):
-                return line
+                found.append(line)
+                return
             seen.append(line)
-        if process.poll() is not None:
-            break
+
+    reader = threading.Thread(target=read, name="first-line", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if found:
+        return found[0]
     raise AssertionError(f"no line starting with {prefix!r}; output: {''.join(seen)!r}")
 
 
