@@ -13,8 +13,9 @@ import inspect
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -106,3 +107,42 @@ def wait_for(
             return reported
         time.sleep(0.02)
     raise AssertionError(f"never reached: {reported}")
+
+
+def unfinished_message(start: str, size: int, finishing: threading.Event) -> Iterator[str]:
+    """The fragments of a message left unfinished: two of `size` characters (`start` first),
+    its end only once `finishing` is set."""
+    yield start + "x" * (size - len(start))
+    yield "x" * size
+    finishing.wait(60)
+    yield '"}'
+
+
+@contextmanager
+def sending(sockets: Iterable[Any], message: Callable[[], str | Iterable[str]]) -> Iterator[None]:
+    """Every socket sends a `message()` (a text, or its fragments) in a thread of its own, all
+    at once; the senders are waited for when the block exits."""
+    senders = [
+        threading.Thread(target=socket.send, args=(message(),), daemon=True) for socket in sockets
+    ]
+    for sender in senders:
+        sender.start()
+    try:
+        yield
+    finally:
+        for sender in senders:
+            sender.join(60)
+
+
+def held_rss(base_url: str, before: int, bound: int, refusals: int) -> dict[str, Any]:
+    """What the child reports once `refusals` messages were refused by its budget, or its RSS
+    grew past `bound` over `before`: then read on a few times, since what the server reads
+    meanwhile shows in its RSS (the worst of it is kept)."""
+    held = wait_for(
+        base_url, lambda s: s["memory_refusals"] == refusals or s["rss"] - before > bound
+    )
+    for _ in range(25):
+        held = stats(base_url)
+        if held["rss"] - before > bound:
+            break
+    return held

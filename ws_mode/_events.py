@@ -276,10 +276,9 @@ class ResponseStream:
         await self.send_text(text)
         if kind == "response.output_item.done" and self.inbox is not None:
             # A safe boundary: the response ends here when steering input waits for it.
-            cut = self.inbox.cut(tap, 0)
+            cut = self.inbox.cut(tap, self.next_sequence_number)
             if cut is not None:
                 self.steered = True
-                cut["sequence_number"] = self.next_sequence_number()
                 await self.event(cut, own=True)
 
     async def refuse(self, what: str) -> None:

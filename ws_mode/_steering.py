@@ -170,11 +170,11 @@ class SteerInbox:
         """Whether the response is to end at its next safe boundary."""
         return bool(self.steers) and not self.claimed
 
-    def cut(self, tap: ResponseTap, sequence_number: int) -> dict[str, Any] | None:
-        """Asked after an output item finished: the `response.incomplete` (numbered
-        `sequence_number`) that ends the response here for the input queued, or None when it
-        goes on: nothing waits for it to end, an item the client must answer is out (steering
-        never cancels tools), or the response has not started or has ended."""
+    def cut(self, tap: ResponseTap, number: Callable[[], int]) -> dict[str, Any] | None:
+        """Asked after an output item finished: the `response.incomplete` (numbered by
+        `number`, called only for it) that ends the response here for the input queued, or
+        None when it goes on: nothing waits for it to end, an item the client must answer is
+        out (steering never cancels tools), or the response has not started or has ended."""
         if not self.cuts or tap.client_calls or tap.started is None or tap.finished:
             return None
         response = {
@@ -185,7 +185,7 @@ class SteerInbox:
         }
         return {
             "type": "response.incomplete",
-            "sequence_number": sequence_number,
+            "sequence_number": number(),
             "response": response,
         }
 

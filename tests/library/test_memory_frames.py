@@ -29,13 +29,22 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 from websockets.sync.client import ClientConnection, connect
 
-from tests.rss_server import RSS, SERVE, MiB, child_server, stats, wait_for
+from tests.rss_server import (
+    RSS,
+    SERVE,
+    MiB,
+    child_server,
+    held_rss,
+    sending,
+    stats,
+    unfinished_message,
+    wait_for,
+)
 from ws_mode._budget import CONNECTION_COST
 
 BUDGET = 64 * MiB
@@ -193,32 +202,11 @@ def test_messages_left_unfinished_hold_no_more_than_the_budget() -> None:
         sockets = _open(url, SOCKETS, stack)
         finishing = threading.Event()
         start = '{"type": "response.create", "model": "m", "generate": false, "input": "'
-
-        def fragments() -> Iterator[str]:
-            yield start + "x" * (FRAGMENT_CHARS - len(start))
-            yield "x" * FRAGMENT_CHARS
-            finishing.wait(60)
-            yield '"}'
-
-        senders = [
-            threading.Thread(target=socket.send, args=(fragments(),), daemon=True)
-            for socket in sockets
-        ]
-        for sender in senders:
-            sender.start()
-        # Every socket's fragments have reached the server, each message refused at its
-        # first fragment or its second; or the rule is broken.
-        held = wait_for(
-            base_url, lambda s: s["memory_refusals"] == SOCKETS or s["rss"] - before > BOUND
-        )
-        for _ in range(25):  # what the server reads meanwhile shows in its RSS
-            held = stats(base_url)
-            if held["rss"] - before > BOUND:
-                break
-        growth = held["rss"] - before
-        finishing.set()
-        for sender in senders:
-            sender.join(60)
+        with sending(sockets, lambda: unfinished_message(start, FRAGMENT_CHARS, finishing)):
+            # Every socket's fragments have reached the server, each message refused at its
+            # first fragment or its second; or the rule is broken.
+            growth = held_rss(base_url, before, BOUND, SOCKETS)["rss"] - before
+            finishing.set()
         assert growth <= BOUND, (
             f"RSS grew {growth / MiB:.0f} MiB with {SOCKETS} messages left unfinished after two "
             f"{FRAGMENT_CHARS / MiB:.0f} MiB fragments each; the rule allows {BOUND / MiB:.0f}"
@@ -247,13 +235,8 @@ def test_a_frame_is_inflated_within_the_budget() -> None:
         httpx.get(base_url + "/stats", params={"reset_peak": "1"}, timeout=10)  # from here
         # Each client compresses its message as one frame (websockets sends a message whole);
         # the clients send at once.
-        senders = [
-            threading.Thread(target=socket.send, args=(huge,), daemon=True) for socket in sockets
-        ]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join(60)
+        with sending(sockets, lambda: huge):
+            pass
         held = wait_for(base_url, lambda s: s["memory_refusals"] == SOCKETS)
         growth = held["peak"] - before
         assert growth <= BOUND, (

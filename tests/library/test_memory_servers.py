@@ -38,7 +38,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.examples.test_readme import RUN_COMMAND
 from tests.readme_budget_app import BUDGET_VARIABLE
-from tests.rss_server import MiB, stats, wait_for
+from tests.rss_server import MiB, held_rss, sending, stats, unfinished_message, wait_for
 from tests.servers import ServeProcess, serve, uvicorn_command
 from ws_mode._asgi import Receive, Scope, Send
 from ws_mode._budget import BUDGET_PROTOCOL, CONNECTION_COST, outside_budget_warning
@@ -115,32 +115,10 @@ def unfinished_growth(flags: list[str]) -> int:
         before = _baseline(server)
         sockets = _open(server, stack)
         finishing = threading.Event()
-
-        def fragments() -> Iterator[str]:
-            yield START + "x" * (FRAGMENT_CHARS - len(START))
-            yield "x" * FRAGMENT_CHARS
-            finishing.wait(60)
-            yield '"}'
-
-        senders = [
-            threading.Thread(target=socket.send, args=(fragments(),), daemon=True)
-            for socket in sockets
-        ]
-        for sender in senders:
-            sender.start()
-        # Every message refused by the budget, or the rule broken.
-        held = wait_for(
-            server.origin,
-            lambda s: s["memory_refusals"] == SOCKETS or s["rss"] - before > BOUND,
-        )
-        for _ in range(25):  # what the server reads meanwhile shows in its RSS
-            held = stats(server.origin)
-            if held["rss"] - before > BOUND:
-                break
-        finishing.set()
-        for sender in senders:
-            sender.join(60)
-        growth: int = held["rss"] - before
+        with sending(sockets, lambda: unfinished_message(START, FRAGMENT_CHARS, finishing)):
+            # Every message refused by the budget, or the rule broken.
+            growth: int = held_rss(server.origin, before, BOUND, SOCKETS)["rss"] - before
+            finishing.set()
         return growth
 
 

@@ -303,7 +303,7 @@ def server_process(
                 ) from None
             yield ServerProcess(base_url, process.pid)
         finally:
-            _stop(process)
+            stop_process(process)
     finally:
         log.close()
 
@@ -335,7 +335,8 @@ def wait_answering(
     raise ServerStartError("exited" if process.returncode is not None else "did not start in time")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    """Terminate a child process, killing it if it does not end within 10 s."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()

@@ -54,7 +54,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ws_mode.testing._loopback import HOST, add_child_arguments, serve_inherited
+from ws_mode.testing._loopback import HOST, add_child_arguments, serve_inherited, stop_process
 
 #: Tokens per cached block (vLLM's default block size).
 BLOCK_TOKENS: Final = 16
@@ -288,13 +288,7 @@ def router(kind: str, worker_urls: Sequence[str], *options: str) -> Iterator[str
             _wait_healthy(base, process, log)
             yield base
         finally:
-            if process.poll() is None:
-                process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+            stop_process(process)
 
 
 def _wait_healthy(base: str, process: subprocess.Popen[bytes], log: Any) -> None:
