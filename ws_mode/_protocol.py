@@ -287,3 +287,43 @@ def echoed_tool(tool: Any) -> Any:
         parameters = {**parameters, "additionalProperties": False}
     return {**tool, "description": tool.get("description"), "parameters": parameters,
             "strict": strict}  # fmt: skip
+
+
+def echoed_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a request as a response object echoes them, OpenAI's defaults where the
+    request has none: sampling (`temperature`, `top_p`, ...), `text`, `reasoning`, the limits,
+    `tool_choice` and the tools (`echoed_tool`), `service_tier` (`default` for `auto`), and the
+    caller's keys (`prompt_cache_key`, `safety_identifier`, `user`)."""
+
+    def given(key: str, default: Any) -> Any:
+        value = body.get(key)
+        return default if value is None else value
+
+    text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
+    if isinstance(body.get("text"), dict):
+        text |= {key: value for key, value in body["text"].items() if value is not None}
+    reasoning: dict[str, Any] = {"effort": None, "summary": None}
+    if isinstance(body.get("reasoning"), dict):
+        reasoning |= body["reasoning"]
+    tier = body.get("service_tier")
+    tools = body.get("tools")
+    return {
+        "background": False,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": body.get("max_tool_calls"),
+        "parallel_tool_calls": given("parallel_tool_calls", True),
+        "prompt_cache_key": body.get("prompt_cache_key"),
+        "reasoning": reasoning,
+        "safety_identifier": body.get("safety_identifier"),
+        "service_tier": "default" if tier in (None, "auto") else str(tier),
+        "temperature": given("temperature", 1.0),
+        "text": text,
+        "tool_choice": given("tool_choice", "auto"),
+        "tools": [echoed_tool(tool) for tool in tools] if isinstance(tools, list) else [],
+        "top_logprobs": given("top_logprobs", 0),
+        "top_p": given("top_p", 1.0),
+        "presence_penalty": given("presence_penalty", 0.0),
+        "frequency_penalty": given("frequency_penalty", 0.0),
+        "truncation": given("truncation", "disabled"),
+        "user": body.get("user"),
+    }

@@ -39,7 +39,7 @@ from ._lanes import Lanes
 from ._logs import for_log
 from ._persistence import StoreLink, StoreUnavailable
 from ._protocol import (
-    echoed_tool,
+    echoed_settings,
     encode_event,
     error_event,
     hook_failed,
@@ -694,53 +694,24 @@ def _unprepared(create: CreateEvent, exc: Exception) -> dict[str, Any]:
 def warm_up_response(fields: dict[str, Any], previous_response_id: str | None) -> dict[str, Any]:
     """The response a `generate: false` warm-up answers with: completed at once, no output,
     no usage, and every field a response object has (the Open Responses schema requires them
-    all), the request's settings echoed and OpenAI's defaults where it has none."""
+    all), the request's settings echoed (`echoed_settings`)."""
     created = int(time.time())
-
-    def given(key: str, default: Any) -> Any:
-        value = fields.get(key)
-        return default if value is None else value
-
-    text = {"format": {"type": "text"}, "verbosity": "medium"}
-    if isinstance(fields.get("text"), dict):
-        text |= {key: value for key, value in fields["text"].items() if value is not None}
-    reasoning = {"effort": None, "summary": None}
-    if isinstance(fields.get("reasoning"), dict):
-        reasoning |= fields["reasoning"]
-    tier = fields.get("service_tier")
     return {
         "id": "resp_" + secrets.token_hex(16),
         "object": "response",
         "created_at": created,
         "completed_at": created,
         "status": "completed",
-        "background": False,
         "error": None,
         "incomplete_details": None,
         "instructions": fields.get("instructions"),
-        "max_output_tokens": fields.get("max_output_tokens"),
-        "max_tool_calls": fields.get("max_tool_calls"),
         "model": fields.get("model"),
         "output": [],
-        "parallel_tool_calls": given("parallel_tool_calls", True),
         "previous_response_id": previous_response_id,
-        "prompt_cache_key": fields.get("prompt_cache_key"),
-        "reasoning": reasoning,
-        "safety_identifier": fields.get("safety_identifier"),
-        "service_tier": "default" if tier in (None, "auto") else tier,
         "store": fields.get("store") is not False,
-        "temperature": given("temperature", 1.0),
-        "text": text,
-        "tool_choice": given("tool_choice", "auto"),
-        "tools": [echoed_tool(tool) for tool in fields.get("tools") or []],
-        "top_logprobs": given("top_logprobs", 0),
-        "top_p": given("top_p", 1.0),
-        "presence_penalty": given("presence_penalty", 0.0),
-        "frequency_penalty": given("frequency_penalty", 0.0),
-        "truncation": given("truncation", "disabled"),
         "usage": None,
-        "user": fields.get("user"),
         "metadata": fields.get("metadata") or {},
+        **echoed_settings(fields),
     }
 
 

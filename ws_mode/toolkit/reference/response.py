@@ -12,7 +12,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ws_mode._protocol import echoed_tool
+from ws_mode._protocol import echoed_settings, echoed_tool
 from ws_mode._sse import encode_sse
 
 from .model import ReferenceConfig, argument_chunks, delta_tokens, text_deltas
@@ -44,59 +44,25 @@ def response_object(
     Responses schema requires, the request's settings echoed (OpenAI's defaults where the
     request has none)."""
     body = parsed.body
+    model = body.get("model")
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
         "completed_at": completed_at,
         "status": status,
-        "background": False,
         "error": None,
         "incomplete_details": None,
         "instructions": parsed.instructions,
-        "max_output_tokens": body.get("max_output_tokens"),
-        "max_tool_calls": body.get("max_tool_calls"),
-        "model": _default(body, "model", _DEFAULT_MODEL),
+        "model": _DEFAULT_MODEL if model is None else model,
         "output": output,
-        "parallel_tool_calls": _default(body, "parallel_tool_calls", True),
         "previous_response_id": parsed.previous_response_id,
-        "prompt_cache_key": body.get("prompt_cache_key"),
-        "reasoning": {"effort": None, "summary": None, **(body.get("reasoning") or {})},
-        "safety_identifier": body.get("safety_identifier"),
-        "service_tier": _service_tier(body.get("service_tier")),
-        "store": _default(body, "store", True),
-        "temperature": _default(body, "temperature", 1.0),
-        "text": _text(body.get("text")),
-        "tool_choice": _default(body, "tool_choice", "auto"),
-        "tools": [echoed_tool(tool) for tool in parsed.tools or ()],
-        "top_logprobs": _default(body, "top_logprobs", 0),
-        "top_p": _default(body, "top_p", 1.0),
-        "presence_penalty": _default(body, "presence_penalty", 0.0),
-        "frequency_penalty": _default(body, "frequency_penalty", 0.0),
-        "truncation": _default(body, "truncation", "disabled"),
+        "store": body.get("store") is not False,
         "usage": usage,
-        "user": body.get("user"),
         "metadata": parsed.metadata,
+        **echoed_settings(body),
+        "tools": [echoed_tool(tool) for tool in parsed.tools or ()],
     }
-
-
-def _default(body: dict[str, Any], key: str, default: Any) -> Any:
-    value = body.get(key)
-    return default if value is None else value
-
-
-def _service_tier(requested: str | None) -> str:
-    """The tier a response reports: the one asked for, ``default`` for ``auto`` or none."""
-    return "default" if requested in (None, "auto") else str(requested)
-
-
-def _text(requested: dict[str, Any] | None) -> dict[str, Any]:
-    """``text`` as echoed: plain text format and medium verbosity unless the request says."""
-    text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
-    for key, value in (requested or {}).items():
-        if value is not None:
-            text[key] = value
-    return text
 
 
 def usage(input_tokens: int, produced: int) -> dict[str, Any]:
